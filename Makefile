@@ -1,0 +1,40 @@
+# hpc_rl: the two commands a new user needs are `make train` and `make test` (both run `make setup` first).
+SHELL := /bin/bash
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+BENCHES ?= env transport learner cartpole
+export OMP_NUM_THREADS := 1
+
+.PHONY: setup test test-fast train bench cluster-up cluster-down clean help
+
+help:
+	@echo "make setup      install Open MPI, Slurm, munge, the .venv (torch CPU, mpi4py, h5py, hydra, submitit) and Horovod"
+	@echo "make train      setup + a small real training job on the embedded default environment"
+	@echo "make test       setup + the test suite (real MPI ranks, real Horovod, the local Slurm cluster)"
+	@echo "make test-fast  the tests not marked slow, slurm or mpi"
+	@echo "make bench      setup + every benchmark, one JSON line each (BENCHES=\"$(BENCHES)\")"
+	@echo "make cluster-up / cluster-down   the local single-node Slurm cluster"
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest -ra --durations=15 $(PYTEST_ARGS) tests
+
+test-fast: setup
+	$(PY) -m pytest -ra -m "not slow and not slurm and not mpi" $(PYTEST_ARGS) tests
+
+train: setup
+	$(PY) jobs/train.py $(TRAIN_ARGS)
+
+bench: setup
+	@for b in $(BENCHES); do echo "== $$b"; $(PY) -m hpc_rl.bench $$b --json || exit 1; done
+
+cluster-up:
+	@bash slurm/local_cluster.sh up
+
+cluster-down:
+	@bash slurm/local_cluster.sh down
+
+clean:
+	rm -rf runs outputs multirun .pytest_cache

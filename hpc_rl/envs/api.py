@@ -1,0 +1,123 @@
+"""The vectorised multi-agent environment API every environment and adapter implements.
+
+Many copies of one environment are stepped together; every array has leading dimensions
+``(num_envs, num_agents)`` (``E``, ``A``). Environments know nothing of learning, torch or MPI.
+
+The loop, in three lines::
+
+    obs = env.reset(seed)
+    while True:
+        obs, reward_events, dones, infos = env.step({"action": a, "move": m, "target": t})
+
+Observation fields (``Obs`` is a dict of numpy arrays):
+
+================================  =================================  ==========================================
+key                               shape, dtype                       meaning
+================================  =================================  ==========================================
+``entities/<type>``               (E, A, max_count, F_type) float32  one attribute vector per unit of that type
+                                                                     seen by the agent's team (fog of war)
+``entities/<type>/mask``          (E, A, max_count) bool             True where the slot holds a unit
+``global``                        (E, A, G) float32                  global features (time, own hero, gold, ...)
+``action_mask``                   (E, A, num_actions) bool           primary actions legal now
+``move_mask``                     (E, A, num_moves) bool             move offsets legal now
+``target_mask``                   (E, A, num_targets) bool           units that may be targeted now; index into
+                                                                     the entity slots concatenated in
+                                                                     ``spec.entities`` order
+================================  =================================  ==========================================
+
+``step`` returns ``reward_events`` (E, A, len(spec.reward_events)) float32, the per-agent game events of that step
+(the learner weights and shapes them), ``dones`` (E,) bool, and ``infos``, a dict of arrays of shape (E,) (at least
+``winner``: team index, -1 for a draw, meaningful where ``dones``). A copy that ends is reset in the same call: the
+observation returned for it is the first of its next game.
+
+Actions are decoupled heads, each an int64 array (E, A): ``action`` (primary), ``move`` (move offset) and ``target``
+(unit slot). ``spec.action_uses_move[a]`` / ``spec.action_uses_target[a]`` say which heads a primary action reads, so a
+learner gates the parameter heads by the chosen action as in OpenAI Five; unused heads are ignored by the env.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+Obs = dict[str, np.ndarray]
+Actions = dict[str, np.ndarray]
+AgentId = int
+TeamId = int
+
+
+@dataclass(frozen=True)
+class EntitySpec:
+    """One unit type of the observation: at most ``max_count`` units of ``num_features`` attributes each."""
+
+    name: str
+    max_count: int
+    num_features: int
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Static description of a vectorised environment: what ``reset``/``step`` return and accept."""
+
+    num_agents: int
+    agent_team: tuple[TeamId, ...]  # team of each agent slot, len == num_agents
+    global_features: int
+    num_actions: int
+    num_moves: int = 1
+    entities: tuple[EntitySpec, ...] = ()
+    action_uses_move: tuple[bool, ...] = ()  # per primary action; empty = no action uses it
+    action_uses_target: tuple[bool, ...] = ()
+    reward_events: tuple[str, ...] = ("reward",)
+    learning_agents: tuple[AgentId, ...] = field(default=())  # agents a learner controls; empty = all
+
+    def __post_init__(self) -> None:
+        if len(self.agent_team) != self.num_agents:
+            raise ValueError(f"agent_team has {len(self.agent_team)} entries for {self.num_agents} agents")
+        for name, flags in (("action_uses_move", self.action_uses_move), ("action_uses_target", self.action_uses_target)):
+            if flags and len(flags) != self.num_actions:
+                raise ValueError(f"{name} has {len(flags)} entries for {self.num_actions} actions")
+        if self.num_actions < 1 or self.num_moves < 1 or self.global_features < 0:
+            raise ValueError("num_actions and num_moves must be >= 1, global_features >= 0")
+
+    @property
+    def num_targets(self) -> int:
+        return sum(e.max_count for e in self.entities)
+
+    @property
+    def num_teams(self) -> int:
+        return len(set(self.agent_team))
+
+    def observation_shapes(self, num_envs: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """The shape and dtype of every observation field for ``num_envs`` copies."""
+        lead = (num_envs, self.num_agents)
+        shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        for e in self.entities:
+            shapes[f"entities/{e.name}"] = (lead + (e.max_count, e.num_features), np.dtype(np.float32))
+            shapes[f"entities/{e.name}/mask"] = (lead + (e.max_count,), np.dtype(bool))
+        shapes["global"] = (lead + (self.global_features,), np.dtype(np.float32))
+        shapes["action_mask"] = (lead + (self.num_actions,), np.dtype(bool))
+        shapes["move_mask"] = (lead + (self.num_moves,), np.dtype(bool))
+        shapes["target_mask"] = (lead + (self.num_targets,), np.dtype(bool))
+        return shapes
+
+    def check_obs(self, obs: Obs, num_envs: int) -> None:
+        """Raise ValueError naming the first field whose key, shape or dtype differs from the spec."""
+        expected = self.observation_shapes(num_envs)
+        if set(obs) != set(expected):
+            raise ValueError(f"observation keys {sorted(obs)} differ from the spec's {sorted(expected)}")
+        for key, (shape, dtype) in expected.items():
+            if obs[key].shape != shape or obs[key].dtype != dtype:
+                raise ValueError(f"observation {key!r}: got {obs[key].shape} {obs[key].dtype}, expected {shape} {dtype}")
+
+
+class VecEnv(Protocol):
+    """Many copies of one environment stepped together (see the module docstring for every field)."""
+
+    spec: EnvSpec
+    num_envs: int
+
+    def reset(self, seed: int) -> Obs: ...
+
+    def step(self, actions: Actions) -> tuple[Obs, np.ndarray, np.ndarray, dict[str, np.ndarray]]: ...

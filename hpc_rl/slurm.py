@@ -1,0 +1,51 @@
+"""Small helpers around the Slurm command-line tools (no accounting daemon is assumed: `sacct` may not exist)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                   "BOOT_FAIL", "DEADLINE"}
+
+
+def job_states(job_id: str) -> dict[str, str]:
+    """``{job or array-task id: state}`` for a job (every task of an array job), from ``scontrol show job``.
+
+    Works without accounting, for as long as slurmctld remembers finished jobs (MinJobAge).
+    """
+    out = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"scontrol show job {job_id} failed: {out.stderr.strip()}")
+    states = {}
+    for line in out.stdout.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        task = fields.get("ArrayTaskId")
+        key = f"{fields['ArrayJobId']}_{task}" if task and fields.get("ArrayJobId") else fields["JobId"]
+        states[key] = fields["JobState"]
+    return states
+
+
+def wait_for_jobs(job_ids: list[str], timeout: float, poll: float = 0.5) -> dict[str, str]:
+    """Wait until every job (and every task of an array job) is in a terminal state; return their states.
+
+    Polls with backoff. Raises TimeoutError naming the jobs still running after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        states: dict[str, str] = {}
+        for job in job_ids:
+            states.update(job_states(job))
+        if states and all(s in TERMINAL_STATES for s in states.values()):
+            return states
+        if time.monotonic() > deadline:
+            running = {k: v for k, v in states.items() if v not in TERMINAL_STATES}
+            raise TimeoutError(f"Slurm jobs still not finished after {timeout:.0f}s: {running}")
+        time.sleep(poll)
+        poll = min(poll * 1.5, 5.0)
+
+
+def slurm_environment() -> dict[str, str]:
+    """Every ``SLURM_*`` variable of this process (recorded in a run's meta.json)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")}

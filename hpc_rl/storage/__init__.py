@@ -1,0 +1,21 @@
+"""Files on the shared filesystem: HDF5 checkpoints, metrics.h5, and a reader for analysis.
+
+Storage does not know who writes: callers pass numpy trees (see ``tree.py``). In a run only the controller writes.
+On parallel filesystems without flock set ``HDF5_USE_FILE_LOCKING=FALSE``.
+"""
+
+from hpc_rl.storage.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    commit_checkpoint,
+    load_checkpoint,
+    load_latest,
+    prune_checkpoints,
+)
+from hpc_rl.storage.metrics import MetricsWriter, read_metrics
+from hpc_rl.storage.run import Run, open_run
+
+__all__ = [
+    "Checkpoint", "CheckpointError", "commit_checkpoint", "load_checkpoint", "load_latest", "prune_checkpoints",
+    "MetricsWriter", "read_metrics", "Run", "open_run",
+]

@@ -1,0 +1,163 @@
+"""HDF5 checkpoints (atomic commit, verification, fallback, retention) and metrics.h5."""
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpc_rl.storage import (CheckpointError, MetricsWriter, commit_checkpoint, load_checkpoint, load_latest,
+                            open_run, prune_checkpoints, read_metrics)
+from hpc_rl.storage.checkpoint import COMMIT_STAGES, checkpoint_name, committed_versions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _sections(version: int) -> dict:
+    rng = np.random.default_rng(version)
+    return {
+        "params": {"lstm.weight": rng.normal(size=(16, 8)), "head.bias": rng.normal(size=4).astype(np.float32)},
+        "optimizer": {"state": {0: {"step": 3, "exp_avg": rng.normal(size=(16, 8))}},
+                      "param_groups": [{"lr": 3e-4, "betas": (0.9, 0.999), "params": [0, 1]}]},
+        "rng": {"key": np.array(12345, dtype=np.uint64), "empty": np.zeros((0, 3)), "flags": np.array([True, False])},
+        "misc": {"name": "ppo", "none": None, "ratio": 0.5},
+    }
+
+
+def _assert_tree_equal(a, b):
+    assert type(a) is type(b) or (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)), (a, b)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_tree_equal(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_tree_equal(x, y)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    else:
+        assert a == b
+
+
+def test_checkpoint_round_trip_keeps_every_leaf_type(tmp_path):
+    path = commit_checkpoint(tmp_path, 7, _sections(7), "cfg-a")
+    assert path.name == "v000007.h5"
+    assert (tmp_path / "latest").read_text().strip() == "v000007.h5"
+    ckpt = load_checkpoint(path, config_hash="cfg-a")
+    assert ckpt.version == 7
+    _assert_tree_equal(ckpt.sections, _sections(7))
+    with h5py.File(path) as f:
+        assert f["params/lstm.weight"].fletcher32 and f["params/__tree__"].fletcher32
+
+
+def test_config_hash_mismatch_is_refused(tmp_path):
+    path = commit_checkpoint(tmp_path, 1, _sections(1), "cfg-a")
+    with pytest.raises(CheckpointError, match="config"):
+        load_checkpoint(path, config_hash="cfg-b")
+
+
+def _flip_byte_in_dataset(path: Path, name: str) -> None:
+    with h5py.File(path, "r") as f:
+        offset = f[name].id.get_chunk_info(0).byte_offset
+    with open(path, "r+b") as fh:
+        fh.seek(offset + 5)
+        byte = fh.read(1)
+        fh.seek(offset + 5)
+        fh.write(bytes([byte[0] ^ 0x10]))
+
+
+@pytest.mark.parametrize("damage", ["bitflip", "truncate", "empty"])
+def test_damaged_latest_is_refused_and_resume_falls_back(tmp_path, damage, caplog):
+    commit_checkpoint(tmp_path, 1, _sections(1), "cfg")
+    newest = commit_checkpoint(tmp_path, 2, _sections(2), "cfg")
+    if damage == "bitflip":
+        _flip_byte_in_dataset(newest, "params/lstm.weight")
+    elif damage == "truncate":
+        newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    else:
+        newest.write_bytes(b"")
+    with pytest.raises(CheckpointError):
+        load_checkpoint(newest)
+    with caplog.at_level(logging.WARNING):
+        ckpt = load_latest(tmp_path, config_hash="cfg")
+    assert ckpt.version == 1
+    _assert_tree_equal(ckpt.sections, _sections(1))
+    assert "refused" in caplog.text and "v000002.h5" in caplog.text
+
+
+def test_no_verifiable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
+    path = commit_checkpoint(tmp_path, 1, _sections(1), "cfg")
+    path.write_bytes(b"not hdf5")
+    with pytest.raises(CheckpointError, match="no checkpoint verifies"):
+        load_latest(tmp_path)
+    assert load_latest(tmp_path / "empty") is None
+
+
+@pytest.mark.parametrize("stage", COMMIT_STAGES)
+def test_sigkill_at_each_commit_stage_leaves_a_loadable_latest(tmp_path, stage):
+    for version, kill_at in ((1, "none"), (2, stage)):
+        proc = subprocess.run([sys.executable, str(ROOT / "tests/programs/crash_during_commit.py"), str(tmp_path),
+                               str(version), kill_at], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == (0 if kill_at == "none" else -9), proc.stderr
+    ckpt = load_latest(tmp_path, config_hash="cfg")
+    assert ckpt.version in (1, 2)
+    # Until the new file is renamed into place, `latest` must still name the old one; after, either is complete.
+    expected = 1 if COMMIT_STAGES.index(stage) < COMMIT_STAGES.index("replaced") else None
+    if expected is not None:
+        assert ckpt.version == expected
+    assert np.all(ckpt.sections["params"]["w"] == ckpt.version)
+    if stage == "committed":
+        assert ckpt.version == 2
+
+
+def test_retention_keeps_last_k_and_every_mth(tmp_path):
+    for v in range(1, 13):
+        commit_checkpoint(tmp_path, v, {"params": {"w": np.zeros(2)}}, "cfg")
+    (tmp_path / ".v000013.h5.999.tmp").write_bytes(b"partial")
+    deleted = prune_checkpoints(tmp_path, keep_last=3, keep_every=5)
+    assert committed_versions(tmp_path) == [5, 10, 11, 12]
+    assert deleted == [1, 2, 3, 4, 6, 7, 8, 9]
+    assert not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(ValueError):
+        prune_checkpoints(tmp_path, keep_last=0, keep_every=5)
+
+
+def test_metrics_append_read_live_and_cut_on_resume(tmp_path):
+    path = tmp_path / "metrics.h5"
+    writer = MetricsWriter(path, flush_every_s=1e9)
+    for v in range(10):
+        writer.log_many({"train/loss": 1.0 / (v + 1), "perf/env_steps_per_s": 100.0 * v}, version=v, step=v * 64)
+    writer.flush()
+    live = read_metrics(path)  # while the writer still holds the file open in SWMR mode
+    assert sorted(live) == ["perf/env_steps_per_s", "train/loss"]
+    assert list(live["train/loss"]["version"]) == list(range(10))
+    writer.log("train/loss", 10, 640, 0.05)
+    writer.close()
+    assert read_metrics(path)["train/loss"].shape == (11,)
+
+    with MetricsWriter(path, resume_version=6) as resumed:
+        assert resumed  # opened and cut
+        resumed.log("train/loss", 7, 7 * 64, 0.2)
+    series = read_metrics(path)
+    assert list(series["train/loss"]["version"]) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert series["train/loss"]["value"][-1] == pytest.approx(0.2)
+    assert list(series["perf/env_steps_per_s"]["version"]) == list(range(7))
+    with pytest.raises(ValueError):
+        MetricsWriter(tmp_path / "m2.h5").log("/bad", 0, 0, 1.0)
+
+
+def test_open_run_reads_checkpoints_and_metrics(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        open_run(tmp_path / "missing")
+    commit_checkpoint(tmp_path / "checkpoints", 3, _sections(3), "cfg")
+    with MetricsWriter(tmp_path / "metrics.h5") as w:
+        w.log("eval/win_rate", 3, 192, 0.75)
+    run = open_run(tmp_path)
+    assert run.checkpoint_versions == [3]
+    assert run.load_checkpoint().version == 3
+    assert run.metrics["eval/win_rate"]["value"][0] == 0.75
+    assert checkpoint_name(3) == "v000003.h5"
