@@ -1,0 +1,1 @@
+"""Self-play league: the opponent pool (OpenAI Five) and ratings (TrueSkill, Elo, Nash averaging)."""
