@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpc_rl.storage import (CheckpointError, MetricsWriter, commit_checkpoint, load_checkpoint, load_latest,
-                            open_run, prune_checkpoints, read_metrics)
+                            open_run, prune_checkpoints, read_metrics, write_meta)
 from hpc_rl.storage.checkpoint import COMMIT_STAGES, checkpoint_name, committed_versions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,3 +161,12 @@ def test_open_run_reads_checkpoints_and_metrics(tmp_path):
     assert run.load_checkpoint().version == 3
     assert run.metrics["eval/win_rate"]["value"][0] == 0.75
     assert checkpoint_name(3) == "v000003.h5"
+
+
+def test_meta_json_records_git_slurm_and_fields(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    write_meta(tmp_path, world_size=6, roles={0: "controller[0]"}, transport="rma")
+    meta = open_run(tmp_path).meta
+    assert meta["slurm"]["SLURM_JOB_ID"] == "4242"
+    assert meta["world_size"] == 6 and meta["transport"] == "rma" and meta["roles"] == {"0": "controller[0]"}
+    assert len(meta["git_sha"]) == 40 and isinstance(meta["git_dirty"], bool)

@@ -13,9 +13,9 @@ from hpc_rl.storage.checkpoint import (
     prune_checkpoints,
 )
 from hpc_rl.storage.metrics import MetricsWriter, read_metrics
-from hpc_rl.storage.run import Run, open_run
+from hpc_rl.storage.run import Run, open_run, write_meta
 
 __all__ = [
     "Checkpoint", "CheckpointError", "commit_checkpoint", "load_checkpoint", "load_latest", "prune_checkpoints",
-    "MetricsWriter", "read_metrics", "Run", "open_run",
+    "MetricsWriter", "read_metrics", "Run", "open_run", "write_meta",
 ]

@@ -10,12 +10,18 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from hpc_rl.slurm import slurm_environment
 from hpc_rl.storage.checkpoint import Checkpoint, checkpoint_name, committed_versions, load_checkpoint, load_latest
 from hpc_rl.storage.metrics import read_metrics
 
@@ -54,6 +60,41 @@ class Run:
         if version is None:
             return load_latest(directory)
         return load_checkpoint(directory / checkpoint_name(version))
+
+
+def git_state(repo: str | Path | None = None) -> dict[str, Any]:
+    """``{"git_sha": ..., "git_dirty": ...}`` of the source tree this code runs from (None outside a checkout)."""
+    repo = Path(repo) if repo else Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_sha": sha, "git_dirty": None if status is None else bool(status)}
+
+
+def write_meta(run_dir: str | Path, **fields: Any) -> Path:
+    """Write ``meta.json``: git sha and dirty flag, every SLURM_* variable, host, command line, start time, and
+    ``fields`` (world size, rank -> role map, transport backend, ...). Replaced atomically."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta = {
+        **git_state(),
+        "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": socket.gethostname(),
+        "argv": sys.argv,
+        "slurm": slurm_environment(),
+        **fields,
+    }
+    tmp = run_dir / f".{META_FILE}.tmp"
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, run_dir / META_FILE)
+    return run_dir / META_FILE
 
 
 def open_run(path: str | Path) -> Run:
