@@ -106,11 +106,3 @@ def local_rank() -> int:
             return int(os.environ[var])
     return 0
 
-
-def select_device(prefer_gpu: bool = True) -> str:
-    """``cuda:<local rank mod GPUs>`` when a GPU is visible (one GPU per local rank), else ``cpu``."""
-    import torch
-
-    if prefer_gpu and torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        return f"cuda:{local_rank() % torch.cuda.device_count()}"
-    return "cpu"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpc_rl.topology import Role, Topology, TopologyConfig, local_rank, select_device
+from hpc_rl.topology import Role, Topology, TopologyConfig, local_rank
 
 
 def test_default_topology_assigns_roles_in_order():
@@ -36,8 +36,11 @@ def test_bad_topology_is_refused(kwargs):
         TopologyConfig(**kwargs)
 
 
-def test_device_falls_back_to_cpu_and_local_rank_reads_launcher(monkeypatch):
+def test_local_rank_reads_the_launcher(monkeypatch):
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert local_rank() == 0
+    monkeypatch.setenv("SLURM_LOCALID", "2")
+    assert local_rank() == 2
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
     assert local_rank() == 3
-    assert select_device() == "cpu"  # no GPU on this machine
-    assert select_device(prefer_gpu=False) == "cpu"
