@@ -1,0 +1,235 @@
+"""The three channels' interfaces. Each backend (``rma``, ``twosided``) implements all three.
+
+Channels are created collectively: every rank of the communicator constructs the channel with the same arguments
+(ranks that take no part pass through; window creation and ``Dup`` are collective), and every rank calls
+``close()`` collectively at the end. Payloads are C-contiguous numpy arrays (any dtype; they travel as bytes);
+what a channel returns is a private uint8 copy the caller may keep.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One experience segment taken out of a ring: who wrote it, its writer-local sequence number, its bytes."""
+
+    writer: int
+    seq: int
+    payload: np.ndarray  # private uint8 copy, checked against ``checksum``
+    checksum: int
+
+
+class StepExchange(ABC):
+    """env ⇄ inference, one request and one reply per step.
+
+    env rank::
+
+        ex.send_request(packed_obs_rewards_dones)
+        actions = ex.wait_reply()
+
+    inference rank::
+
+        requests = ex.wait_requests(ex.clients_of(my_rank))    # {env_rank: payload}
+        for env_rank, payload in requests.items(): ex.send_reply(env_rank, packed_actions)
+
+    Each env has at most one request outstanding, so one slot per direction suffices and a reply cannot be
+    overwritten before it is read. Sequence numbers are checked: a skipped or repeated step raises TransportError.
+    """
+
+    channel = "step"
+
+    def __init__(self, comm, clients: Mapping[int, int], request_bytes: int, reply_bytes: int):
+        for env_rank, inference_rank in clients.items():
+            for role, r in (("env", env_rank), ("inference", inference_rank)):
+                if not 0 <= r < comm.Get_size():
+                    raise ValueError(f"clients maps to {role} rank {r}, outside the communicator of size "
+                                     f"{comm.Get_size()}")
+        if request_bytes < 1 or reply_bytes < 1:
+            raise ValueError(f"request_bytes and reply_bytes must be >= 1, got {request_bytes}, {reply_bytes}")
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.clients = dict(clients)  # env rank -> the inference rank serving it
+        self.request_bytes = request_bytes
+        self.reply_bytes = reply_bytes
+
+    def clients_of(self, inference_rank: int) -> list[int]:
+        """The env ranks an inference rank serves, in rank order (the order of its request slots)."""
+        return sorted(e for e, i in self.clients.items() if i == inference_rank)
+
+    def _check_size(self, payload: np.ndarray, capacity: int, what: str) -> None:
+        if payload.nbytes > capacity:
+            raise ValueError(f"{what} of {payload.nbytes} bytes exceeds the channel's {capacity}-byte slot")
+
+    @abstractmethod
+    def send_request(self, payload: np.ndarray) -> None:
+        """env: send this step's request to the serving inference rank."""
+
+    @abstractmethod
+    def wait_reply(self, timeout_s: float | None = None) -> np.ndarray:
+        """env: the reply to the last request; TransportTimeout naming the inference rank past the deadline."""
+
+    @abstractmethod
+    def poll_requests(self) -> dict[int, np.ndarray]:
+        """inference: requests that have arrived since the last call (never waits)."""
+
+    def wait_requests(self, env_ranks: Iterable[int], timeout_s: float | None = None) -> dict[int, np.ndarray]:
+        """inference: wait until every rank in ``env_ranks`` has a request; TransportTimeout names a missing one."""
+        missing = set(env_ranks)
+        got: dict[int, np.ndarray] = {}
+        waiter = None
+        while True:
+            for env_rank, payload in self.poll_requests().items():
+                got[env_rank] = payload
+                missing.discard(env_rank)
+            if not missing:
+                return got
+            if waiter is None:
+                waiter = self._waiter(min(missing), "requests", timeout_s)
+            waiter.peer = min(missing)
+            waiter.step()
+
+    @abstractmethod
+    def send_reply(self, env_rank: int, payload: np.ndarray) -> None:
+        """inference: answer the request last received from ``env_rank``."""
+
+    @abstractmethod
+    def _waiter(self, peer: int | None, what: str, timeout_s: float | None): ...
+
+    @abstractmethod
+    def close(self) -> None:
+        """Collective: release windows / cancel posted receives."""
+
+
+class ExperienceRing(ABC):
+    """Segments from any number of writers to one owner (a learner), through ``slots`` fixed-size slots.
+
+    writer::
+
+        seq = ring.put(segment_bytes)      # block: waits for a free slot; drop_oldest: may displace a READY one
+        ...
+        ring.close()                       # collective
+
+    owner::
+
+        for seg in ring.poll(): buffer.add(seg.payload)   # private copies; the slots are free again
+        rest = ring.close()                                # collective: drains what writers sent before closing
+
+    ``drops`` on a writer lists the (writer, seq) of every segment that writer's puts displaced; ``dropped_total()``
+    on the owner is the count over all writers.
+    """
+
+    channel = "ring"
+
+    def __init__(self, comm, owner: int, config):
+        if not 0 <= owner < comm.Get_size():
+            raise ValueError(f"ring owner {owner} outside the communicator of size {comm.Get_size()}")
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.owner = owner
+        self.config = config
+        self.seq = 0  # sequence number of this writer's last put
+        self.drops: list[tuple[int, int]] = []
+        self.lost_races = 0  # owner: copies discarded because a drop_oldest writer took the slot mid-copy
+        self.blocked_puts = 0  # writer: puts that found the ring full and waited (block policy)
+
+    @property
+    def is_owner(self) -> bool:
+        return self.rank == self.owner
+
+    def _check_writer(self, payload: np.ndarray) -> None:
+        if self.is_owner:
+            raise ValueError(f"rank {self.rank} owns this ring; the owner reads it, it does not put into it")
+        if payload.nbytes > self.config.slot_bytes:
+            raise ValueError(f"segment of {payload.nbytes} bytes exceeds slot_bytes={self.config.slot_bytes}")
+
+    def _check_owner(self, what: str) -> None:
+        if not self.is_owner:
+            raise ValueError(f"{what} is for the ring's owner (rank {self.owner}), called on rank {self.rank}")
+
+    @abstractmethod
+    def put(self, payload: np.ndarray, timeout_s: float | None = None) -> int:
+        """writer: hand one segment to the owner; returns its sequence number (1, 2, ... per writer)."""
+
+    @abstractmethod
+    def poll(self, alloc: Callable[[int], np.ndarray] | None = None) -> list[Segment]:
+        """owner: every segment ready now, copied out and checked; their slots are free again.
+
+        ``alloc(nbytes)`` gives the uint8 array a segment is copied into (default: a new array). A learner passes
+        rows of its preallocated experience buffer: no allocation, and no page faults, per segment.
+        """
+
+    @abstractmethod
+    def dropped_total(self) -> int:
+        """owner: segments displaced under ``drop_oldest`` so far, over all writers."""
+
+    @abstractmethod
+    def close(self, alloc: Callable[[int], np.ndarray] | None = None) -> list[Segment]:
+        """Collective: writers finish their puts; the owner drains and returns what is left."""
+
+
+class ParameterChannel(ABC):
+    """One publisher, many readers; a reader always gets one whole published vector, never a mix of two.
+
+    publisher: ``version = params.publish(flat_bytes)``; reader: ``got = params.poll()`` (``(version, bytes)`` if a
+    newer version than the last one returned exists, else None) or ``params.wait_version(v)``.
+    """
+
+    channel = "params"
+
+    def __init__(self, comm, publisher: int, max_bytes: int):
+        if not 0 <= publisher < comm.Get_size():
+            raise ValueError(f"publisher {publisher} outside the communicator of size {comm.Get_size()}")
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.publisher = publisher
+        self.max_bytes = max_bytes
+        self.version = 0  # publisher: last published; reader: last returned
+        self.retries = 0  # reader: copies discarded because the publisher rewrote the buffer meanwhile
+
+    def _check_publish(self, payload: np.ndarray) -> None:
+        if self.rank != self.publisher:
+            raise ValueError(f"publish on rank {self.rank}; only the publisher (rank {self.publisher}) publishes")
+        if payload.nbytes > self.max_bytes:
+            raise ValueError(f"parameter vector of {payload.nbytes} bytes exceeds max_bytes={self.max_bytes}")
+
+    def _check_reader(self) -> None:
+        if self.rank == self.publisher:
+            raise ValueError(f"rank {self.rank} publishes this channel; it does not read it")
+
+    @abstractmethod
+    def publish(self, payload: np.ndarray) -> int:
+        """publisher: make ``payload`` the newest version; returns its version number (1, 2, ...)."""
+
+    def progress(self) -> None:
+        """publisher: call from idle loops. The two-sided backend sends versions held back by a slow reader here;
+        the RMA backend has nothing to do (readers fetch)."""
+
+    @abstractmethod
+    def poll(self) -> tuple[int, np.ndarray] | None:
+        """reader: the newest version if newer than the last returned, else None. Never returns a torn vector."""
+
+    @abstractmethod
+    def _waiter(self, peer: int | None, what: str, timeout_s: float | None): ...
+
+    def wait_version(self, min_version: int, timeout_s: float | None = None) -> tuple[int, np.ndarray]:
+        """reader: wait for a version >= ``min_version``; TransportTimeout naming the publisher past the deadline."""
+        waiter = None
+        while True:
+            got = self.poll()
+            if got is not None and got[0] >= min_version:
+                return got
+            if waiter is None:
+                waiter = self._waiter(self.publisher, f"parameter version >= {min_version}", timeout_s)
+            waiter.step()
+
+    @abstractmethod
+    def close(self) -> None:
+        """Collective."""

@@ -1,0 +1,424 @@
+"""RMA backend: passive-target windows, written by Put / Accumulate / Compare_and_swap, read by their owners.
+
+The protocol (layouts, orders, why each call is there) is specified in ``docs/transport.md``; the comments here
+point at its rules. Every window is created with ``Win.Allocate`` (so the MPI library places it where it can
+reach it directly: shared memory on one host, registered memory on a network) and every rank holds
+``Lock_all(MODE_NOCHECK)`` on it from creation to ``close()``: a passive-target epoch that never conflicts, so no
+call here takes a lock per message.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from hpc_rl.transport.channels import ExperienceRing, ParameterChannel, Segment, StepExchange
+from hpc_rl.transport.config import RingConfig, TransportConfig
+from hpc_rl.transport.layout import (ALIGN, FREE, STATE, STATE_BYTES, WORD, WORD_BYTES, align, as_bytes, checksum,
+                                     ready, state_phase, writing)
+from hpc_rl.transport.wait import TransportError, Waiter
+
+HEADER_BYTES = ALIGN  # every message slot: one cache line of header words, then the payload
+
+
+class Window:
+    """One ``Win.Allocate`` window with an open ``Lock_all(MODE_NOCHECK)`` epoch and word-sized RMA operations.
+
+    Every remote operation here is completed by ``Flush`` before it returns (MPI does not order two operations to
+    one target, so the protocol orders them by completing each before issuing the next).
+    """
+
+    def __init__(self, comm, nbytes: int):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.win = MPI.Win.Allocate(nbytes, 1, comm=comm)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.mem = np.frombuffer(self.win.tomemory(), np.uint8) if nbytes else np.empty(0, np.uint8)
+        # Allocated memory is not zeroed, and every header word starts at 0 (FREE, seq 0, version 0): clear it,
+        # make the stores visible, and let no rank start writing before every owner has.
+        self.mem[:] = 0
+        self.win.Sync()
+        comm.Barrier()
+        self._origin = np.zeros(1, WORD)
+        self._result = np.zeros(1, WORD)
+        self._state_origin = np.zeros(1, STATE)
+        self._state_compare = np.zeros(1, STATE)
+        self._state_result = np.zeros(1, STATE)
+
+    # --- the owner's view of its own memory (rule: Win.Sync before reading what others wrote) -----------------
+    def sync(self) -> None:
+        self.win.Sync()
+
+    def local_word(self, offset: int) -> int:
+        return int(self.mem[offset:offset + WORD_BYTES].view(WORD)[0])
+
+    def local_words(self, offset: int, count: int) -> np.ndarray:
+        return self.mem[offset:offset + count * WORD_BYTES].view(WORD)
+
+    # --- remote operations, each completed before returning ----------------------------------------------------
+    def put(self, buf: np.ndarray, rank: int, offset: int) -> None:
+        """Issue a Put; it completes at the next ``flush(rank)``."""
+        self.win.Put(buf, rank, offset)
+
+    def flush(self, rank: int) -> None:
+        self.win.Flush(rank)
+
+    def replace(self, value: int, rank: int, offset: int) -> None:
+        """Atomically store one word (Accumulate REPLACE: element-atomic, unlike a Put) and complete it."""
+        self._origin[0] = value
+        self.win.Accumulate(self._origin, rank, offset, op=MPI.REPLACE)
+        self.win.Flush(rank)
+
+    def fetch_add(self, value: int, rank: int, offset: int) -> int:
+        self._origin[0] = value
+        self.win.Fetch_and_op(self._origin, self._result, rank, offset, op=MPI.SUM)
+        self.win.Flush(rank)
+        return int(self._result[0])
+
+    def read(self, rank: int, offset: int) -> int:
+        """Atomic remote read of one word (Fetch_and_op NO_OP)."""
+        self.win.Fetch_and_op(self._origin, self._result, rank, offset, op=MPI.NO_OP)
+        self.win.Flush(rank)
+        return int(self._result[0])
+
+    def cas_state(self, expected: int, new: int, rank: int, offset: int) -> int:
+        """Compare_and_swap one 32-bit state word; returns the value found (== expected iff it swapped)."""
+        self._state_origin[0] = new
+        self._state_compare[0] = expected
+        self.win.Compare_and_swap(self._state_origin, self._state_compare, self._state_result, rank, offset)
+        self.win.Flush(rank)
+        return int(self._state_result[0])
+
+    def replace_state(self, value: int, rank: int, offset: int) -> None:
+        self._state_origin[0] = value
+        self.win.Accumulate(self._state_origin, rank, offset, op=MPI.REPLACE)
+        self.win.Flush(rank)
+
+    def local_states(self, offset: int, count: int) -> np.ndarray:
+        return self.mem[offset:offset + count * STATE_BYTES].view(STATE)
+
+    def get(self, out: np.ndarray, rank: int, offset: int) -> np.ndarray:
+        self.win.Get(out, rank, offset)
+        self.win.Flush(rank)
+        return out
+
+    def free(self) -> None:
+        """Collective: end the epoch and free the window."""
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+def _new_buffer(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, np.uint8)
+
+
+def _message_slot_bytes(capacity: int) -> int:
+    return HEADER_BYTES + align(capacity)
+
+
+class _Messenger:
+    """Single-slot messages (the step exchange's two directions).
+
+    Slot layout: word 0 ``seq`` (the commit word), word 1 ``nbytes``, word 2 writer rank, word 3 checksum, padding
+    to 64 bytes, payload. Writer: Put words 1-3, Put payload, Flush, Accumulate(REPLACE) seq, Flush. Reader (the
+    slot's owner): Win.Sync, load seq; when it is the expected one, Win.Sync, copy out words 1-3 and the payload.
+    """
+
+    def __init__(self, window: Window):
+        self.w = window
+        self._meta = np.zeros(3, WORD)
+
+    def send(self, target: int, slot: int, seq: int, payload: np.ndarray) -> None:
+        data = as_bytes(payload)
+        self._meta[:] = (data.size, self.w.rank, checksum(data))
+        self.w.put(self._meta, target, slot + WORD_BYTES)
+        if data.size:
+            self.w.put(data, target, slot + HEADER_BYTES)
+        self.w.flush(target)
+        self.w.replace(seq, target, slot)
+
+    def arrived_seq(self, slot: int) -> int:
+        return self.w.local_word(slot)
+
+    def take(self, slot: int, seq: int, channel: str) -> np.ndarray:
+        self.w.sync()
+        nbytes, writer, expected_sum = (int(x) for x in self.w.local_words(slot + WORD_BYTES, 3))
+        payload = self.w.mem[slot + HEADER_BYTES:slot + HEADER_BYTES + nbytes].copy()
+        if checksum(payload) != expected_sum:
+            raise TransportError(f"transport channel {channel!r}: message {seq} from rank {writer} fails its checksum")
+        return payload
+
+
+class RmaStepExchange(StepExchange):
+    """Window of an inference rank: one request slot per env it serves; window of an env rank: one reply slot."""
+
+    def __init__(self, comm, config: TransportConfig, clients, request_bytes: int, reply_bytes: int):
+        super().__init__(comm, clients, request_bytes, reply_bytes)
+        self.config = config
+        self._request_slot = _message_slot_bytes(request_bytes)
+        self._reply_slot = _message_slot_bytes(reply_bytes)
+        size = self._requests_base(self.rank) + len(self.clients_of(self.rank)) * self._request_slot
+        self.window = Window(comm, size)
+        self._msg = _Messenger(self.window)
+        self._sent = 0  # env: seq of the last request
+        self._received = {e: 0 for e in self.clients_of(self.rank)}  # inference: seq of the last request per env
+        self._replied = dict(self._received)
+
+    def _requests_base(self, rank: int) -> int:
+        return self._reply_slot if rank in self.clients else 0
+
+    def _request_offset(self, env_rank: int) -> int:
+        server = self.clients[env_rank]
+        return self._requests_base(server) + self.clients_of(server).index(env_rank) * self._request_slot
+
+    def _waiter(self, peer, what, timeout_s):
+        return Waiter(self.config.poll, timeout_s or self.config.timeout_s, self.channel, peer, what)
+
+    def send_request(self, payload):
+        if self.rank not in self.clients:
+            raise ValueError(f"rank {self.rank} is not an env rank of this step exchange")
+        self._check_size(payload, self.request_bytes, "request")
+        self._sent += 1
+        self._msg.send(self.clients[self.rank], self._request_offset(self.rank), self._sent, payload)
+
+    def wait_reply(self, timeout_s=None):
+        if self.rank not in self.clients or self._sent == 0:
+            raise ValueError(f"rank {self.rank} has no request outstanding")
+        waiter = None
+        while True:
+            self.window.sync()
+            seq = self._msg.arrived_seq(0)
+            if seq == self._sent:
+                return self._msg.take(0, seq, self.channel)
+            if seq > self._sent:
+                raise TransportError(f"step reply {seq} from rank {self.clients[self.rank]} answers no request "
+                                     f"(last request {self._sent})")
+            if waiter is None:
+                waiter = self._waiter(self.clients[self.rank], f"the reply to step {self._sent}", timeout_s)
+            waiter.step()
+
+    def poll_requests(self):
+        got = {}
+        self.window.sync()
+        for index, env_rank in enumerate(self.clients_of(self.rank)):
+            slot = self._requests_base(self.rank) + index * self._request_slot
+            seq = self._msg.arrived_seq(slot)
+            last = self._received[env_rank]
+            if seq == last:
+                continue
+            if seq != last + 1:
+                raise TransportError(f"step request {seq} from rank {env_rank} after {last}: a step was lost")
+            if self._replied[env_rank] != last:
+                raise TransportError(f"rank {env_rank} sent step {seq} before step {last} was answered")
+            got[env_rank] = self._msg.take(slot, seq, self.channel)
+            self._received[env_rank] = seq
+        return got
+
+    def send_reply(self, env_rank, payload):
+        if self._received.get(env_rank, 0) == self._replied.get(env_rank, 0):
+            raise ValueError(f"no unanswered request from env rank {env_rank} on rank {self.rank}")
+        self._check_size(payload, self.reply_bytes, "reply")
+        seq = self._received[env_rank]
+        self._msg.send(env_rank, 0, seq, payload)
+        self._replied[env_rank] = seq
+
+    def close(self):
+        self.window.free()
+
+
+class RmaExperienceRing(ExperienceRing):
+    """Owner's window: words [ticket counter, dropped counter], 32-bit state words of slots 0..N-1, then N slots.
+
+    Slot: words [nbytes, writer, seq, checksum, ticket], padding to 64 bytes, payload (slot_bytes, 64-aligned).
+    """
+
+    TICKET = 0
+    DROPPED = WORD_BYTES
+
+    def __init__(self, comm, config: TransportConfig, owner: int, ring: RingConfig):
+        super().__init__(comm, owner, ring)
+        self.transport = config
+        self._states = 2 * WORD_BYTES
+        self._slots = align(self._states + ring.slots * STATE_BYTES)
+        self._slot_bytes = HEADER_BYTES + align(ring.slot_bytes)
+        self.window = Window(comm, self._slots + ring.slots * self._slot_bytes if self.is_owner else 0)
+        self._meta = np.zeros(5, WORD)
+        self._old_meta = np.zeros(5, WORD)
+        self._dropped_at_close: int | None = None  # the window is gone after close(); its last count stays
+
+    def state_offset(self, slot: int) -> int:
+        """Byte offset of slot ``slot``'s state word in the owner's window (docs/transport.md, section 5)."""
+        return self._states + slot * STATE_BYTES
+
+    def slot_offset(self, slot: int) -> int:
+        """Byte offset of slot ``slot``'s header in the owner's window; its payload follows HEADER_BYTES later."""
+        return self._slots + slot * self._slot_bytes
+
+    def put(self, payload, timeout_s=None):
+        self._check_writer(payload)
+        data = as_bytes(payload)
+        w, owner, n = self.window, self.owner, self.config.slots
+        # A ticket from one shared counter orders all puts: slot = ticket mod N, so the slot a full ring hands to
+        # ticket t holds the oldest segment of the ring (ticket t - N) under drop_oldest.
+        ticket = w.fetch_add(1, owner, self.TICKET) + 1
+        slot = ticket % n
+        state_at = self.state_offset(slot)
+        expected, waiter = FREE, None
+        while True:
+            found = w.cas_state(expected, writing(ticket), owner, state_at)
+            if found == expected:
+                break
+            phase = state_phase(found)
+            if phase == "ready" and self.config.full_policy == "drop_oldest":
+                expected = found  # steal it, unless the owner takes it first (then the CAS fails and we retry)
+                continue
+            expected = FREE
+            if phase == "free":
+                continue
+            if waiter is None:
+                self.blocked_puts += 1
+                waiter = Waiter(self.transport.poll, timeout_s or self.transport.timeout_s, self.channel, owner,
+                                f"a free slot (slot {slot}, ticket {ticket})")
+            waiter.step()
+        if expected != FREE:
+            # The CAS READY(t') -> WRITING(t) succeeded: that segment is gone. Its header is still intact (only
+            # writers write headers, and this slot is ours now); record whose it was before overwriting it.
+            w.get(self._old_meta, owner, self.slot_offset(slot))
+            self.drops.append((int(self._old_meta[1]), int(self._old_meta[2])))
+            w.fetch_add(1, owner, self.DROPPED)
+        self.seq += 1
+        at = self.slot_offset(slot)
+        if data.size:
+            w.put(data, owner, at + HEADER_BYTES)  # issued first: on a network the checksum overlaps the transfer
+        self._meta[:] = (data.size, self.rank, self.seq, checksum(data) if self.config.checksums else 0, ticket)
+        w.put(self._meta, owner, at)
+        w.flush(owner)  # payload and header complete at the owner before READY can be seen
+        w.replace_state(ready(ticket), owner, state_at)
+        return self.seq
+
+    def poll(self, alloc=None):
+        self._check_owner("poll")
+        alloc = alloc or _new_buffer
+        spare = None  # a buffer whose copy was discarded is reused for the next slot
+        w = self.window
+        w.sync()
+        states = w.local_states(self._states, self.config.slots).copy()
+        w.sync()  # loads of the headers and payloads below are ordered after the loads of the states
+        found = []
+        for slot, state in enumerate(int(s) for s in states):
+            if state_phase(state) != "ready":
+                continue
+            at = self.slot_offset(slot)
+            nbytes, writer, seq, expected_sum, ticket = (int(x) for x in w.local_words(at, 5))
+            nbytes_in_slot = min(nbytes, self.config.slot_bytes)
+            payload = spare if spare is not None and spare.size == nbytes_in_slot else alloc(nbytes_in_slot)
+            spare = None
+            np.copyto(payload, w.mem[at + HEADER_BYTES:at + HEADER_BYTES + nbytes_in_slot])
+            # Free the slot only if it still holds the READY state we saw: if a drop_oldest writer claimed it while
+            # we copied, the CAS fails and the copy (possibly torn) is discarded; that writer counted the drop.
+            if w.cas_state(state, FREE, self.rank, self.state_offset(slot)) != state:
+                self.lost_races += 1
+                spare = payload
+                continue
+            if ready(ticket) != state or nbytes > self.config.slot_bytes or (
+                    self.config.checksums and checksum(payload) != expected_sum):
+                raise TransportError(f"transport channel 'ring': segment {seq} from rank {writer} in slot {slot} "
+                                     f"is torn (header ticket {ticket} vs state {state:#x}, or bad checksum)")
+            found.append((ticket, Segment(writer, seq, payload, expected_sum)))
+        return [segment for _, segment in sorted(found, key=lambda pair: pair[0])]
+
+    def dropped_total(self):
+        self._check_owner("dropped_total")
+        if self._dropped_at_close is not None:
+            return self._dropped_at_close
+        self.window.sync()
+        return self.window.local_word(self.DROPPED)
+
+    def close(self, alloc=None):
+        # Writers' puts are complete when put() returns; the owner keeps draining while writers still block on a
+        # full ring, until every rank has arrived.
+        left = []
+        barrier = self.comm.Ibarrier()
+        waiter = Waiter(self.transport.poll, self.transport.timeout_s, self.channel, None, "every rank to close")
+        while not barrier.Test():
+            if self.is_owner:
+                left.extend(self.poll(alloc))
+            waiter.step()
+        if self.is_owner:
+            left.extend(self.poll(alloc))
+            self._dropped_at_close = self.dropped_total()
+        self.window.free()
+        return left
+
+
+class RmaParameterChannel(ParameterChannel):
+    """Publisher's window: word 0 the seqlock S, then buffers 0 and 1: words [version, nbytes, checksum], payload.
+
+    Publishing version k writes buffer k mod 2: S = 2k-1 (odd), Put buffer, S = 2k (even). A reader that loads S
+    and finds version k = floor(S/2) stable in buffer k mod 2 copies that buffer; the copy is whole unless the
+    publisher started rewriting that buffer meanwhile, i.e. S > 2k + 2 afterwards (version k+2 begun), or the
+    header's version differs. Then the reader retries. Readers never wait for the publisher to finish a write:
+    while version k+1 is being written, buffer k mod 2 is stable (the double buffer).
+    """
+
+    def __init__(self, comm, config: TransportConfig, publisher: int, max_bytes: int):
+        super().__init__(comm, publisher, max_bytes)
+        self.transport = config
+        self._buffer_bytes = HEADER_BYTES + align(max_bytes)
+        self.window = Window(comm, ALIGN + 2 * self._buffer_bytes if self.rank == publisher else 0)
+        self._meta = np.zeros(3, WORD)
+
+    def buffer_offset(self, version: int) -> int:
+        """Byte offset of the buffer holding ``version`` in the publisher's window (docs/transport.md, section 6)."""
+        return ALIGN + (version % 2) * self._buffer_bytes
+
+    def _waiter(self, peer, what, timeout_s):
+        return Waiter(self.transport.poll, timeout_s or self.transport.timeout_s, self.channel, peer, what)
+
+    def publish(self, payload):
+        self._check_publish(payload)
+        data = as_bytes(payload)
+        w, me = self.window, self.rank
+        k = self.version + 1
+        at = self.buffer_offset(k)
+        # The publisher updates its own window through RMA calls too, so the same completion rules order its
+        # writes against readers' atomic reads and Gets on every osc component (sm, rdma, pt2pt, ucx).
+        w.replace(2 * k - 1, me, 0)
+        self._meta[:] = (k, data.size, checksum(data))
+        w.put(self._meta, me, at)
+        if data.size:
+            w.put(data, me, at + HEADER_BYTES)
+        w.flush(me)
+        w.replace(2 * k, me, 0)
+        self.version = k
+        return k
+
+    def poll(self):
+        self._check_reader()
+        w, pub = self.window, self.publisher
+        waiter = None
+        while True:
+            s = w.read(pub, 0)
+            k = s // 2  # newest stable version
+            if k <= self.version:
+                return None
+            at = self.buffer_offset(k)
+            w.get(self._meta, pub, at)
+            version, nbytes, expected_sum = (int(x) for x in self._meta)
+            if version == k and nbytes <= self.max_bytes:
+                payload = np.empty(nbytes, np.uint8)
+                if nbytes:
+                    w.get(payload, pub, at + HEADER_BYTES)
+                if w.read(pub, 0) <= 2 * k + 2:  # buffer k mod 2 was not rewritten while we copied it
+                    if checksum(payload) != expected_sum:
+                        raise TransportError(f"transport channel 'params': version {k} from rank {pub} passed the "
+                                             f"seqlock but fails its checksum")
+                    self.version = k
+                    return k, payload
+            self.retries += 1
+            if waiter is None:
+                waiter = self._waiter(pub, f"a stable copy of parameter version {k}", None)
+            waiter.step()
+
+    def close(self):
+        self.window.free()

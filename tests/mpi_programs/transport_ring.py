@@ -1,0 +1,73 @@
+"""Experience ring under pressure: rank 0 owns a small ring, every other rank writes segments into it.
+
+argv: backend slots segments_per_writer policy consumer_delay_s max_segment_bytes [assisted]
+Every payload is generated from (writer rank, sequence number), so the owner can check each segment it consumes
+byte for byte, not only against the checksum in its header. Prints one JSON line on rank 0.
+"""
+
+import json
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hpc_rl.transport import RingConfig, Transport, TransportConfig, checksum
+
+
+def payload_of(writer: int, seq: int, max_bytes: int) -> np.ndarray:
+    rng = np.random.default_rng([writer, seq])
+    nbytes = int(rng.integers(max_bytes // 4, max_bytes + 1)) // 8 * 8
+    return rng.integers(0, 2**63, nbytes // 8, dtype=np.uint64).view(np.uint8)
+
+
+def main() -> None:
+    backend, slots, per_writer, policy, delay_s, max_bytes = sys.argv[1:7]
+    slots, per_writer, delay_s, max_bytes = int(slots), int(per_writer), float(delay_s), int(max_bytes)
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    assisted = sys.argv[7:] == ["assisted"]  # accept RMA that progresses only while the target is in MPI
+    transport = Transport(comm, TransportConfig(backend=backend, timeout_s=60, require_passive_progress=not assisted))
+    ring = transport.experience_ring(0, RingConfig(slots=slots, slot_bytes=max_bytes, full_policy=policy))
+    comm.Barrier()
+    start = time.monotonic()
+    if rank == 0:
+        consumed, bad, polls = [], 0, 0
+        writers_done = comm.Ibarrier()
+        while not writers_done.Test():
+            for seg in ring.poll():
+                consumed.append(seg)
+            polls += 1
+            time.sleep(delay_s)
+        consumed.extend(ring.close())
+        elapsed = time.monotonic() - start
+        for seg in consumed:
+            if not np.array_equal(seg.payload, payload_of(seg.writer, seg.seq, max_bytes)):
+                bad += 1
+            elif checksum(seg.payload) != seg.checksum:
+                bad += 1
+        reports = comm.gather(None, root=0)[1:]
+        produced = {tuple(p) for r in reports for p in r["produced"]}
+        drops = [tuple(d) for r in reports for d in r["drops"]]
+        blocked_puts = sum(r["blocked_puts"] for r in reports)
+        ids = [(s.writer, s.seq) for s in consumed]
+        print(json.dumps({
+            "backend": transport.backend, "produced": len(produced), "consumed": len(ids),
+            "distinct_consumed": len(set(ids)), "bad_payloads": bad,
+            "consumed_equals_produced": set(ids) == produced,
+            "consumed_or_dropped_equals_produced": set(ids) | set(drops) == produced,
+            "dropped_and_consumed": len(set(ids) & set(drops)), "drops_listed": len(drops),
+            "distinct_drops": len(set(drops)), "dropped_total": ring.dropped_total(),
+            "lost_races": ring.lost_races, "blocked_puts": blocked_puts, "polls": polls, "seconds": elapsed,
+        }))
+    else:
+        produced = []
+        for _ in range(per_writer):
+            seq = ring.put(payload_of(rank, ring.seq + 1, max_bytes))
+            produced.append((rank, seq))
+        comm.Ibarrier().Wait()
+        ring.close()
+        comm.gather({"produced": produced, "drops": ring.drops, "blocked_puts": ring.blocked_puts}, root=0)
+
+
+main()

@@ -1,0 +1,148 @@
+"""The transport's channels with real Open MPI ranks, adversarially, for both backends."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+BACKENDS = ["rma", "twosided"]
+
+
+def _report(out) -> dict:
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no JSON report in output:\n{out.stdout}\n{out.stderr}"
+    return json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ring_exactly_once_with_small_ring_and_slow_consumer(mpi, backend):
+    # 3 writers x 100 segments through 4 slots; the owner sleeps 5 ms between polls, so writers block often.
+    r = _report(mpi(4, ["tests/mpi_programs/transport_ring.py", backend, "4", "100", "block", "0.005", "16384"],
+                    timeout=90))
+    assert r["backend"] == backend
+    assert r["produced"] == 300
+    assert r["consumed"] == 300 and r["distinct_consumed"] == 300, "a segment was lost or delivered twice"
+    assert r["consumed_equals_produced"]
+    assert r["bad_payloads"] == 0
+    assert r["dropped_total"] == 0 and r["drops_listed"] == 0
+    assert r["blocked_puts"] > 0, "the producers never found the ring full: the test did not stress it"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ring_no_torn_reads_six_writers_four_slots(mpi, backend):
+    # drop_oldest with an owner polling flat out: writers steal READY slots while the owner may be copying them.
+    r = _report(mpi(7, ["tests/mpi_programs/transport_ring.py", backend, "4", "120", "drop_oldest", "0", "65536"],
+                    timeout=120))
+    assert r["produced"] == 720
+    assert r["bad_payloads"] == 0, "a consumed payload differs from what its writer wrote"
+    assert r["consumed"] == r["distinct_consumed"]
+    assert r["consumed_or_dropped_equals_produced"] and r["dropped_and_consumed"] == 0
+    assert r["consumed"] > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ring_drop_oldest_counts_exactly_what_it_dropped(mpi, backend):
+    r = _report(mpi(4, ["tests/mpi_programs/transport_ring.py", backend, "4", "100", "drop_oldest", "0.01", "16384"],
+                    timeout=90))
+    assert r["produced"] == 300
+    assert r["drops_listed"] > 0, "the slow consumer should have forced drops"
+    assert r["distinct_drops"] == r["drops_listed"], "one segment counted as dropped twice"
+    assert r["dropped_total"] == r["drops_listed"], "the owner's count differs from the writers' drop lists"
+    assert r["dropped_and_consumed"] == 0, "a segment was both consumed and counted as dropped"
+    assert r["consumed"] + r["drops_listed"] == r["produced"]
+    assert r["consumed_or_dropped_equals_produced"]
+    assert r["bad_payloads"] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parameter_channel_readers_never_see_a_mix(mpi, backend):
+    # 256 KiB vectors published back to back for 2 s; 3 readers poll flat out.
+    r = _report(mpi(4, ["tests/mpi_programs/transport_params.py", backend, "2", "32768"], timeout=90))
+    assert r["published"] > 50
+    for reader in r["readers"]:
+        assert reader["received"] > 5
+        assert reader["mixed"] == 0, f"rank {reader['rank']} got a vector mixing versions"
+        assert reader["wrong_version"] == 0
+        assert reader["backwards"] == 0, "a reader went back to an older version"
+        assert reader["last"] == r["published"], "a reader never got the final version"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fp16", ["0", "1"])
+def test_step_exchange_round_trips(mpi, backend, fp16):
+    r = _report(mpi(3, ["tests/mpi_programs/transport_step.py", backend, "100", fp16], timeout=90))
+    assert r["served"] == 200
+    assert r["bad_requests"] == 0 and r["bad_replies"] == 0
+    if fp16 == "1":
+        assert 0 < r["max_obs_error"] < 5e-3  # float16 rounding of N(0, 1) values, and nothing worse
+        assert r["request_bytes"] == 144
+    else:
+        assert r["max_obs_error"] == 0.0
+        assert r["request_bytes"] == 224
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_idle_waiting_ranks_use_little_cpu(mpi, backend):
+    r = _report(mpi(3, ["tests/mpi_programs/transport_idle.py", backend, "5"], timeout=90))
+    for rank in r["ranks"][:2]:  # rank 0 waits for a request, rank 1 for its reply; rank 2 sleeps outside MPI
+        assert rank["wall_s"] > 4.9
+        assert rank["cpu_s"] < 0.2 * rank["wall_s"], f"rank {rank['rank']} used {rank['cpu_s']:.2f} s of CPU"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("channel", ["ring", "step", "params"])
+def test_stopped_peer_raises_timeout_naming_it(mpi, backend, channel):
+    r = _report(mpi(2, ["tests/mpi_programs/transport_sigstop.py", backend, channel, "1.0"], timeout=60))
+    assert r["raised"], "waiting on a SIGSTOPped peer did not raise"
+    assert r["peer"] == 1 and r["error_channel"] == channel
+    assert "rank 1" in r["message"] and repr(channel) in r["message"]
+    assert 1.0 <= r["waited_s"] < 1.5, "the error did not come at the deadline"
+    if channel == "ring":
+        assert r["puts_before_error"] == (4 if backend == "rma" else 1)  # RMA fills 4 slots without the owner
+        assert r["owner_drained"] == r["puts_before_error"]
+    elif channel == "step":
+        assert r["reply_after_resume"] == 1
+    else:
+        assert r["version_after_resume"] == 2
+
+
+def test_probe_chooses_rma_on_this_host(mpi):
+    r = _report(mpi(3, ["tests/mpi_programs/transport_probe.py", "auto"], timeout=60))
+    assert r["agree"]
+    assert r["backend"] == "rma"
+    assert r["probe"]["window_ok"] and r["probe"]["passive_progress_ok"]
+    assert r["probe"]["progress_s"] < 0.15  # well within the 0.3 s the target stayed out of MPI
+
+
+def test_probe_falls_back_when_no_window_can_be_created(mpi):
+    # osc/pt2pt refuses MPI_THREAD_MULTIPLE (mpi4py's default), so window creation fails on every rank, as it does
+    # across hosts with Debian's Open MPI.
+    r = _report(mpi(3, ["tests/mpi_programs/transport_probe.py", "auto"], timeout=60, env={"OMPI_MCA_osc": "pt2pt"}))
+    assert r["agree"]
+    assert r["backend"] == "twosided"
+    assert r["probe"]["window_ok"] is False
+    assert "window creation failed" in r["probe"]["reason"]
+
+
+def test_probe_falls_back_when_rma_needs_the_target(mpi):
+    # osc/pt2pt at a serialized thread level creates windows, but its RMA completes only when the target enters MPI.
+    r = _report(mpi(3, ["tests/mpi_programs/transport_probe.py", "auto"], timeout=60,
+                    env={"OMPI_MCA_osc": "pt2pt", "MPI4PY_RC_THREAD_LEVEL": "serialized"}))
+    assert r["backend"] == "twosided"
+    assert r["probe"]["window_ok"] is True and r["probe"]["passive_progress_ok"] is False
+    assert r["probe"]["progress_s"] >= 0.15
+
+
+def test_probe_honours_forced_twosided(mpi):
+    r = _report(mpi(2, ["tests/mpi_programs/transport_probe.py", "twosided"], timeout=60))
+    assert r["backend"] == "twosided" and r["probe"]["window_ok"] is None
+
+
+@pytest.mark.parametrize("channel", ["ring", "params"])
+def test_rma_reader_catches_a_payload_changed_behind_the_protocol(mpi, channel):
+    # Proves the checksum check is live: without it the no-torn-read tests could pass without looking.
+    r = _report(mpi(2, ["tests/mpi_programs/transport_corrupt.py", channel], timeout=60))
+    assert r["raised"]
+    assert "rank 1" in r["message"] and ("torn" in r["message"] or "checksum" in r["message"])

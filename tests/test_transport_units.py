@@ -1,0 +1,145 @@
+"""The transport's pure parts: byte layouts, FP16 packing, checksums, slot states, configs, the backoff waiter."""
+
+import time
+
+import numpy as np
+import pytest
+
+from hpc_rl.envs.api import EntitySpec, EnvSpec
+from hpc_rl.transport import (ArrayLayout, PollConfig, RingConfig, TransportConfig, TransportTimeout, checksum,
+                              step_reply_layout, step_request_layout)
+from hpc_rl.transport.layout import FREE, align, ready, state_phase, state_ticket, writing
+from hpc_rl.transport.wait import Waiter
+
+
+def test_array_layout_round_trip_is_exact_and_aligned():
+    fields = {"a": ((3, 5), np.float32), "m": ((7,), bool), "i": ((2, 2), np.int64)}
+    layout = ArrayLayout(fields)
+    # each field starts on an 8-byte boundary: 60 bytes of a -> 64, 7 of m -> 72, 32 of i -> 104
+    assert [f.offset for f in layout.fields.values()] == [0, 64, 72]
+    assert layout.nbytes == 104
+    rng = np.random.default_rng(0)
+    arrays = {"a": rng.normal(size=(3, 5)).astype(np.float32), "m": rng.random(7) < 0.5,
+              "i": rng.integers(-9, 9, (2, 2))}
+    back = layout.unpack(layout.pack(arrays))
+    for key, value in arrays.items():
+        assert back[key].dtype == value.dtype and np.array_equal(back[key], value)
+
+
+def test_fp16_fields_halve_their_bytes_and_round_to_float16():
+    layout = ArrayLayout({"obs": ((4, 100), np.float32), "mask": ((4, 3), bool)}, half=["obs"])
+    full = ArrayLayout({"obs": ((4, 100), np.float32), "mask": ((4, 3), bool)})
+    assert layout.nbytes == align(4 * 100 * 2, 8) + align(12, 8)
+    assert full.nbytes == 4 * 100 * 4 + align(12, 8)
+    obs = np.random.default_rng(1).normal(size=(4, 100)).astype(np.float32)
+    back = layout.unpack(layout.pack({"obs": obs, "mask": np.ones((4, 3), bool)}))
+    assert back["obs"].dtype == np.float32
+    np.testing.assert_array_equal(back["obs"], obs.astype(np.float16).astype(np.float32))
+    assert np.abs(back["obs"] - obs).max() <= np.abs(obs).max() * 2 ** -11
+
+
+def test_array_layout_rejects_bad_input_naming_it():
+    with pytest.raises(ValueError, match="'m' is bool"):
+        ArrayLayout({"m": ((2,), bool)}, half=["m"])
+    with pytest.raises(ValueError, match="not in the layout"):
+        ArrayLayout({"m": ((2,), bool)}, half=["x"])
+    layout = ArrayLayout({"a": ((2,), np.float32)})
+    with pytest.raises(ValueError, match="field 'a': shape"):
+        layout.pack({"a": np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match="differ from the layout"):
+        layout.pack({"b": np.zeros(2, np.float32)})
+    with pytest.raises(ValueError, match=">= 8 bytes"):
+        layout.unpack(np.zeros(4, np.uint8))
+
+
+def test_step_layouts_follow_the_env_spec():
+    spec = EnvSpec(num_agents=2, agent_team=(0, 1), global_features=6, num_actions=4, num_moves=3,
+                   entities=(EntitySpec("hero", 2, 5),), reward_events=("win", "kill"))
+    shapes = spec.observation_shapes(num_envs=3)
+    request = step_request_layout(shapes, 3, spec.num_agents, len(spec.reward_events), fp16_observations=True)
+    assert set(request.fields) == set(shapes) | {"reward", "done"}
+    assert request.fields["entities/hero"].wire_dtype == np.float16
+    assert request.fields["entities/hero/mask"].wire_dtype == np.dtype(bool)
+    assert request.fields["reward"].shape == (3, 2, 2) and request.fields["reward"].wire_dtype == np.float32
+    reply = step_reply_layout(3, 2)
+    assert reply.nbytes == 3 * 3 * 2 * 8
+    with pytest.raises(ValueError, match="'reward' is reserved"):
+        step_request_layout({"reward": ((1,), np.float32)}, 1, 1, 1, False)
+
+
+def test_checksum_detects_a_torn_payload():
+    rng = np.random.default_rng(2)
+    old, new = rng.integers(0, 255, 65536, dtype=np.uint8), rng.integers(0, 255, 65536, dtype=np.uint8)
+    torn = np.concatenate([new[:32768], old[32768:]])  # half of a new write over an old one
+    assert checksum(new) == checksum(new.copy())
+    assert checksum(torn) not in (checksum(old), checksum(new))
+    flipped = new.copy()
+    flipped[12345] ^= 1
+    assert checksum(flipped) != checksum(new)
+    # the checksum covers bytes, whatever the dtype the caller hands in
+    assert checksum(new.view(np.uint64)) == checksum(new)
+
+
+def test_slot_state_words_round_trip():
+    assert state_phase(FREE) == "free"
+    for ticket in (1, 2, 12345, (1 << 30) - 1):
+        assert state_phase(writing(ticket)) == "writing" and state_ticket(writing(ticket)) == ticket
+        assert state_phase(ready(ticket)) == "ready" and state_ticket(ready(ticket)) == ticket
+        assert writing(ticket) != ready(ticket)
+        assert ready(ticket) < 2 ** 32  # fits the 32-bit state word
+    assert ready(1 << 30) == ready(0)  # tickets wrap after 2^30 puts
+    with pytest.raises(ValueError, match="corrupt ring slot state"):
+        state_phase(3)
+
+
+def test_configs_reject_bad_values_naming_the_field():
+    with pytest.raises(ValueError, match="backend"):
+        TransportConfig(backend="shm")
+    with pytest.raises(ValueError, match="timeout_s"):
+        TransportConfig(timeout_s=0)
+    with pytest.raises(ValueError, match="full_policy"):
+        RingConfig(full_policy="drop_newest")
+    with pytest.raises(ValueError, match="slots"):
+        RingConfig(slots=0)
+    with pytest.raises(ValueError, match="spin_s"):
+        PollConfig(spin_s=1.0)
+    with pytest.raises(ValueError, match="max_sleep_s"):
+        PollConfig(max_sleep_s=1.0)
+    with pytest.raises(ValueError, match="min_sleep_s"):
+        PollConfig(min_sleep_s=0.01, max_sleep_s=0.001)
+
+
+def test_waiter_times_out_naming_peer_and_channel():
+    waiter = Waiter(PollConfig(), 0.2, "ring", 5, "a free slot")
+    start = time.monotonic()
+    with pytest.raises(TransportTimeout) as info:
+        while True:
+            waiter.step()
+    waited = time.monotonic() - start
+    assert 0.2 <= waited < 0.35
+    assert info.value.peer == 5 and info.value.channel == "ring"
+    assert "rank 5" in str(info.value) and "'ring'" in str(info.value) and "a free slot" in str(info.value)
+
+
+def test_waiter_backs_off_so_a_long_wait_uses_little_cpu():
+    poll = PollConfig(spin_s=2e-4, min_sleep_s=5e-5, max_sleep_s=1e-3)
+    waiter = Waiter(poll, 1.0, "step", 1, "a reply")
+    wall, cpu, steps = time.monotonic(), time.process_time(), 0
+    with pytest.raises(TransportTimeout):
+        while True:
+            waiter.step()
+            steps += 1
+    wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+    assert cpu < 0.2 * wall
+    # once backed off, at most one poll per max_sleep_s (sleeps last at least as long as asked)
+    spin_steps = steps - (wall - poll.spin_s) / poll.max_sleep_s
+    assert steps <= 2000 + wall / poll.max_sleep_s and spin_steps < 10_000
+
+
+def test_waiter_spins_before_sleeping():
+    waiter = Waiter(PollConfig(spin_s=0.01, min_sleep_s=1e-3, max_sleep_s=1e-3), 10.0, "step", 1, "x")
+    start, steps = time.monotonic(), 0
+    while time.monotonic() - start < 0.005:
+        waiter.step()
+        steps += 1
+    assert steps > 50  # sleeping 1 ms per step would allow at most 5
