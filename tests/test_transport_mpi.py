@@ -146,3 +146,12 @@ def test_rma_reader_catches_a_payload_changed_behind_the_protocol(mpi, channel):
     r = _report(mpi(2, ["tests/mpi_programs/transport_corrupt.py", channel], timeout=60))
     assert r["raised"]
     assert "rank 1" in r["message"] and ("torn" in r["message"] or "checksum" in r["message"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ring_built_differently_on_one_rank_is_refused_on_every_rank(mpi, backend):
+    # The RMA owner frees slots by the policy the writers follow, so a mixed ring must never start.
+    r = _report(mpi(3, ["tests/mpi_programs/transport_ring_mismatch.py", backend], timeout=60))
+    assert r["backend"] == backend
+    assert len(r["errors"]) == 3 and all(e is not None for e in r["errors"])
+    assert all("rank 1" in e and "drop_oldest" in e and "block" in e for e in r["errors"])

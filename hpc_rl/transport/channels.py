@@ -129,6 +129,15 @@ class ExperienceRing(ABC):
     def __init__(self, comm, owner: int, config):
         if not 0 <= owner < comm.Get_size():
             raise ValueError(f"ring owner {owner} outside the communicator of size {comm.Get_size()}")
+        # Every rank must build the ring alike: the owner frees slots by the policy the writers follow (under
+        # `block` it stores FREE without checking for a steal) and checks the checksums they send. Every rank sees
+        # the same gathered list, so every rank raises the same error.
+        views = comm.allgather((owner, config))
+        for rank, view in enumerate(views):
+            if view != views[0]:
+                raise ValueError(f"ring created differently on rank {rank} (owner {view[0]}, {view[1]}) and on rank 0 "
+                                 f"(owner {views[0][0]}, {views[0][1]}): every rank must pass the same owner and "
+                                 f"RingConfig")
         self.comm = comm
         self.rank = comm.Get_rank()
         self.owner = owner

@@ -14,8 +14,8 @@ from mpi4py import MPI
 
 from hpc_rl.transport.channels import ExperienceRing, ParameterChannel, Segment, StepExchange
 from hpc_rl.transport.config import RingConfig, TransportConfig
-from hpc_rl.transport.layout import (ALIGN, FREE, STATE, STATE_BYTES, WORD, WORD_BYTES, align, as_bytes, checksum,
-                                     ready, state_phase, writing)
+from hpc_rl.transport.layout import (ALIGN, FREE, PHASE_READY, PHASE_WRITING, STATE, STATE_BYTES, WORD, WORD_BYTES,
+                                     align, as_bytes, checksum, ready, state_phase, writing)
 from hpc_rl.transport.wait import TransportError, Waiter
 
 HEADER_BYTES = ALIGN  # every message slot: one cache line of header words, then the payload
@@ -255,8 +255,8 @@ class RmaExperienceRing(ExperienceRing):
         return self._slots + slot * self._slot_bytes
 
     def put(self, payload, timeout_s=None):
-        self._check_writer(payload)
         data = as_bytes(payload)
+        self._check_writer(data)
         w, owner, n = self.window, self.owner, self.config.slots
         # A ticket from one shared counter orders all puts: slot = ticket mod N, so the slot a full ring hands to
         # ticket t holds the oldest segment of the ring (ticket t - N) under drop_oldest.
@@ -290,8 +290,10 @@ class RmaExperienceRing(ExperienceRing):
         at = self.slot_offset(slot)
         if data.size:
             w.put(data, owner, at + HEADER_BYTES)  # issued first: on a network the checksum overlaps the transfer
-        self._meta[:] = (data.size, self.rank, self.seq, checksum(data) if self.config.checksums else 0, ticket)
-        w.put(self._meta, owner, at)
+        meta = self._meta
+        meta[0], meta[1], meta[2], meta[4] = data.size, self.rank, self.seq, ticket
+        meta[3] = checksum(data) if self.config.checksums else 0
+        w.put(meta, owner, at)
         w.flush(owner)  # payload and header complete at the owner before READY can be seen
         w.replace_state(ready(ticket), owner, state_at)
         return self.seq
@@ -300,28 +302,36 @@ class RmaExperienceRing(ExperienceRing):
         self._check_owner("poll")
         alloc = alloc or _new_buffer
         spare = None  # a buffer whose copy was discarded is reused for the next slot
-        w = self.window
+        w, slot_bytes, checksums = self.window, self.config.slot_bytes, self.config.checksums
+        # Under `block` only the owner ever moves a slot out of READY (writers claim FREE slots only), so nothing
+        # can change the slot between the state load and the free: an atomic store frees it, cheaper than a CAS
+        # whose outcome is known. Under `drop_oldest` a writer may steal the slot meanwhile: the CAS detects it.
+        steals = self.config.full_policy == "drop_oldest"
         w.sync()
-        states = w.local_states(self._states, self.config.slots).copy()
+        states = w.local_states(self._states, self.config.slots).tolist()
         w.sync()  # loads of the headers and payloads below are ordered after the loads of the states
         found = []
-        for slot, state in enumerate(int(s) for s in states):
-            if state_phase(state) != "ready":
+        for slot, state in enumerate(states):
+            if state & 3 != PHASE_READY:
+                if state != FREE and state & 3 != PHASE_WRITING:
+                    state_phase(state)  # raises ValueError naming the corrupt state word
                 continue
             at = self.slot_offset(slot)
-            nbytes, writer, seq, expected_sum, ticket = (int(x) for x in w.local_words(at, 5))
-            nbytes_in_slot = min(nbytes, self.config.slot_bytes)
+            nbytes, writer, seq, expected_sum, ticket = w.local_words(at, 5).tolist()
+            nbytes_in_slot = min(nbytes, slot_bytes)
             payload = spare if spare is not None and spare.size == nbytes_in_slot else alloc(nbytes_in_slot)
             spare = None
             np.copyto(payload, w.mem[at + HEADER_BYTES:at + HEADER_BYTES + nbytes_in_slot])
-            # Free the slot only if it still holds the READY state we saw: if a drop_oldest writer claimed it while
-            # we copied, the CAS fails and the copy (possibly torn) is discarded; that writer counted the drop.
-            if w.cas_state(state, FREE, self.rank, self.state_offset(slot)) != state:
-                self.lost_races += 1
-                spare = payload
-                continue
-            if ready(ticket) != state or nbytes > self.config.slot_bytes or (
-                    self.config.checksums and checksum(payload) != expected_sum):
+            if steals:
+                # Free the slot only if it still holds the READY state we saw: if a writer stole it while we
+                # copied, the CAS fails and the copy (possibly torn) is discarded; that writer counted the drop.
+                if w.cas_state(state, FREE, self.rank, self.state_offset(slot)) != state:
+                    self.lost_races += 1
+                    spare = payload
+                    continue
+            else:
+                w.replace_state(FREE, self.rank, self.state_offset(slot))
+            if ready(ticket) != state or nbytes > slot_bytes or (checksums and checksum(payload) != expected_sum):
                 raise TransportError(f"transport channel 'ring': segment {seq} from rank {writer} in slot {slot} "
                                      f"is torn (header ticket {ticket} vs state {state:#x}, or bad checksum)")
             found.append((ticket, Segment(writer, seq, payload, expected_sum)))

@@ -3,21 +3,31 @@
 argv: backend seconds words [assisted]
 Version k is the vector ``(k << 32) | i`` for i in range(words), so a reader can tell from any element which
 version it belongs to: a vector mixing two versions, or a version differing from the one returned with it, is
-caught element by element. Prints one JSON line on rank 0.
+caught element by element. Prints one JSON line on rank 0. With TRANSPORT_META_DIR set, rank 0 also writes the
+run's meta.json there (backend and probe result, the host of every rank, the SLURM_* variables).
 """
 
 import json
+import os
 import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
 
+from hpc_rl.storage.run import write_meta
 from hpc_rl.transport import Transport, TransportConfig
 
 
 def vector(version: int, words: int) -> np.ndarray:
     return (np.uint64(version) << np.uint64(32)) | np.arange(words, dtype=np.uint64)
+
+
+def write_run_meta(comm, transport: Transport) -> None:
+    hosts = comm.gather(MPI.Get_processor_name(), root=0)
+    if comm.Get_rank() == 0 and os.environ.get("TRANSPORT_META_DIR"):
+        write_meta(os.environ["TRANSPORT_META_DIR"], world_size=comm.Get_size(), rank_hosts=hosts,
+                   transport=transport.meta())
 
 
 def main() -> None:
@@ -27,6 +37,7 @@ def main() -> None:
     assisted = sys.argv[4:] == ["assisted"]  # accept RMA that progresses only while the target is in MPI
     transport = Transport(comm, TransportConfig(backend=backend, timeout_s=30, require_passive_progress=not assisted))
     params = transport.parameter_channel(0, words * 8)
+    write_run_meta(comm, transport)
     comm.Barrier()
     deadline = time.monotonic() + seconds
     if rank == 0:

@@ -2,16 +2,20 @@
 
 argv: backend slots segments_per_writer policy consumer_delay_s max_segment_bytes [assisted]
 Every payload is generated from (writer rank, sequence number), so the owner can check each segment it consumes
-byte for byte, not only against the checksum in its header. Prints one JSON line on rank 0.
+byte for byte, not only against the checksum in its header. Prints one JSON line on rank 0. With
+TRANSPORT_META_DIR set, rank 0 also writes the run's meta.json there (backend and probe result, the host of every
+rank, the SLURM_* variables).
 """
 
 import json
+import os
 import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
 
+from hpc_rl.storage.run import write_meta
 from hpc_rl.transport import RingConfig, Transport, TransportConfig, checksum
 
 
@@ -19,6 +23,13 @@ def payload_of(writer: int, seq: int, max_bytes: int) -> np.ndarray:
     rng = np.random.default_rng([writer, seq])
     nbytes = int(rng.integers(max_bytes // 4, max_bytes + 1)) // 8 * 8
     return rng.integers(0, 2**63, nbytes // 8, dtype=np.uint64).view(np.uint8)
+
+
+def write_run_meta(comm, transport: Transport) -> None:
+    hosts = comm.gather(MPI.Get_processor_name(), root=0)
+    if comm.Get_rank() == 0 and os.environ.get("TRANSPORT_META_DIR"):
+        write_meta(os.environ["TRANSPORT_META_DIR"], world_size=comm.Get_size(), rank_hosts=hosts,
+                   transport=transport.meta())
 
 
 def main() -> None:
@@ -29,6 +40,7 @@ def main() -> None:
     assisted = sys.argv[7:] == ["assisted"]  # accept RMA that progresses only while the target is in MPI
     transport = Transport(comm, TransportConfig(backend=backend, timeout_s=60, require_passive_progress=not assisted))
     ring = transport.experience_ring(0, RingConfig(slots=slots, slot_bytes=max_bytes, full_policy=policy))
+    write_run_meta(comm, transport)
     comm.Barrier()
     start = time.monotonic()
     if rank == 0:
