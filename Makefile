@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 PYTEST_ARGS ?=
-BENCHES ?= env transport learner cartpole
+BENCHES ?= env transport learner cartpole e2e
 export OMP_NUM_THREADS := 1
 
 .PHONY: setup test test-fast train bench cluster-up cluster-down clean help
@@ -24,8 +24,11 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -ra -m "not slow and not slurm and not mpi" $(PYTEST_ARGS) tests
 
+# The default local job: 6 ranks (1 controller, 2 env, 1 inference, 2 learners) on MOBA 1v1 for at most 10 minutes.
+TRAIN_RANKS ?= 6
+TRAIN_ARGS ?= pipeline.max_versions=500 pipeline.max_seconds=600
 train: setup
-	$(PY) jobs/train.py $(TRAIN_ARGS)
+	$(PY) -m hpc_rl.launch $(TRAIN_RANKS) jobs/train.py run_name=local-$$(date +%Y%m%d-%H%M%S) $(TRAIN_ARGS)
 
 bench: setup
 	@for b in $(BENCHES); do echo "== $$b"; $(PY) -m hpc_rl.bench $$b --json || exit 1; done

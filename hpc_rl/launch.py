@@ -56,6 +56,22 @@ def mpirun_command(num_ranks: int, argv: Sequence[str], python: str | None = Non
     ]
 
 
+def isolate_shared_memory() -> None:
+    """Under Slurm, give this job step's shared-memory transport (Open MPI's vader BTL) a directory of its own.
+
+    Call before MPI is initialised. Ranks started by srun name their shared-memory segments after a hash of the
+    PMIx namespace; in a /dev/shm shared with other jobs on the node, a segment of another job with the same name
+    crashes the ranks inside their first collective (seen as a segfault in ``mca_btl_vader_poll_handle_frag`` with
+    two sweep members and an mpirun job on one node). A per-step directory rules that out.
+    """
+    if "SLURM_JOB_ID" not in os.environ or "OMPI_MCA_btl_vader_backing_directory" in os.environ:
+        return
+    step = os.environ.get("SLURM_STEP_ID", "batch")
+    directory = os.path.join("/dev/shm", f"hpc_rl.{os.environ['SLURM_JOB_ID']}.{step}")
+    os.makedirs(directory, exist_ok=True)
+    os.environ["OMPI_MCA_btl_vader_backing_directory"] = directory
+
+
 def set_torch_threads() -> None:
     """Call at the start of every rank that imports torch."""
     import torch
@@ -66,3 +82,18 @@ def set_torch_threads() -> None:
             torch.set_num_interop_threads(1)
         except RuntimeError:  # already set once parallel work started; the intra-op setting is what matters
             pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hpc_rl.launch NUM_RANKS SCRIPT [ARGS...]``: mpirun with the settings above, locally."""
+    import subprocess
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or not args[0].isdigit():
+        print("usage: python -m hpc_rl.launch NUM_RANKS SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    return subprocess.call(mpirun_command(int(args[0]), args[1:]), env=rank_env())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,6 +46,13 @@ def wait_for_jobs(job_ids: list[str], timeout: float, poll: float = 0.5) -> dict
         poll = min(poll * 1.5, 5.0)
 
 
+def slurm_job_id() -> str | None:
+    """This job's id as scontrol takes it: ``<array job>_<task>`` for an array task, else the job id."""
+    if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
 def slurm_environment() -> dict[str, str]:
     """Every ``SLURM_*`` variable of this process (recorded in a run's meta.json)."""
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")}

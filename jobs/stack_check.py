@@ -11,9 +11,13 @@ import json
 import os
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from hpc_rl.launch import isolate_shared_memory
+
+isolate_shared_memory()  # before mpi4py.MPI is imported
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 

@@ -50,7 +50,11 @@ else
   bash scripts/build_horovod.sh "$PY"
 fi
 
-# --- 4. check -----------------------------------------------------------------------------------
+# --- 4. compile the environment's numba kernels once (cached beside the sources), so that MPI ranks starting
+#        together do not each spend ~30 s compiling them
+"$PY" -c "from hpc_rl.envs.scripted import warm_up; warm_up()" || fail "the environment's kernels do not compile"
+
+# --- 5. check -----------------------------------------------------------------------------------
 "$PY" -c "import horovod.torch, mpi4py, h5py, hydra, submitit, torch, hpc_rl" || fail "a package does not import"
 check=$("$VENV/bin/horovodrun" --check-build)
 controllers=$(echo "$check" | sed -n '/Available Controllers/,/Available Tensor/p')

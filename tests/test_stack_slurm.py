@@ -80,3 +80,14 @@ def test_hydra_submitit_multirun_is_one_array_job_of_mpi_members(slurm_cluster, 
         assert sorted(r["rank"] for r in ranks) == [0, 1, 2]
         assert {r["size"] for r in ranks} == {3}
         assert len({r["array_task"] for r in ranks}) == 1
+
+
+def test_sweep_whose_members_die_without_a_result_fails_instead_of_hanging(slurm_cluster, tmp_path):
+    # No SLURM_MPI_TYPE: srun starts the ranks without PMIx, so every rank fails in MPI_Init and leaves no result.
+    cmd = [sys.executable, str(ROOT / "jobs/stack_check.py"), "-m", "member=0,1", "hydra/launcher=local_slurm",
+           "hydra.launcher.tasks_per_node=2", "hydra.launcher.setup=[]", f"hydra.sweep.dir={tmp_path}/sweep"]
+    start = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=rank_env(), timeout=240, cwd=tmp_path)
+    assert out.returncode != 0
+    assert "sweep members ended without a result" in out.stderr, out.stderr
+    assert time.monotonic() - start < 120

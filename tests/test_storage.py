@@ -3,6 +3,7 @@
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -170,3 +171,25 @@ def test_meta_json_records_git_slurm_and_fields(tmp_path, monkeypatch):
     assert meta["slurm"]["SLURM_JOB_ID"] == "4242"
     assert meta["world_size"] == 6 and meta["transport"] == "rma" and meta["roles"] == {"0": "controller[0]"}
     assert len(meta["git_sha"]) == 40 and isinstance(meta["git_dirty"], bool)
+
+
+def test_sigkill_at_random_moments_never_loses_more_than_the_version_in_flight(tmp_path):
+    rng = np.random.default_rng(7)
+    certain = 0
+    for _ in range(20):
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests/programs/commit_forever.py"), str(tmp_path)],
+                                stdout=subprocess.PIPE, text=True)
+        lines = []
+        # Let it commit at least once, then kill it at a random moment of a later commit.
+        lines.append(proc.stdout.readline())
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.kill()
+        out, _ = proc.communicate()
+        lines += out.splitlines()
+        committed = [int(line.split()[1]) for line in lines if line.startswith("committed")]
+        assert committed, "the writer never committed"
+        certain = max(certain, committed[-1])
+        ckpt = load_latest(tmp_path, config_hash="cfg")
+        assert certain <= ckpt.version <= certain + 1  # at most the version being written is lost
+        assert np.all(ckpt.sections["params"]["w"] == ckpt.version)
+        certain = ckpt.version

@@ -1,0 +1,171 @@
+"""OpenAI Five Figure 5: speed-up of each member of an ablation sweep over the baseline, at several thresholds.
+
+    python analysis/speedup.py runs/ablation_staleness runs/ablation_reuse --out plots/
+    python analysis/speedup.py runs/ablation_batch_size --thresholds 0.4 0.5 0.6 --baseline 2 --out plots/
+
+    speedup(T) = versions for the baseline to first reach T / versions for the member to first reach T   (eq. 2)
+
+The members are grouped by the swept parameter, read from each member's config.yaml (pipeline.segments_per_batch,
+pipeline.staleness_queue or pipeline.target_reuse; --param for another key); the seeds of a group give the spread.
+The baseline's versions to reach T is the mean over its seeds that reached T (undefined when fewer than
+--min-reached of them did, as the paper omits thresholds too few runs reach); each member seed's speed-up divides
+that mean by its own versions. Speed-ups are plotted against the swept value and against the *measured* staleness
+(sample-weighted mean) and reuse (mean over versions) of each group, with min..max over seeds as error bars.
+
+Writes, per sweep, speedup_<sweep>.png (the metric against versions for every member; speed-up against the swept
+value, the measured staleness and the measured reuse) and speedup_<sweep>.md (one row per threshold and value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from hpc_rl.analysis import (ABLATION_KEYS, DEFAULT_BASELINE, VERSION_LABEL, Output, RunData, SpeedupRow,
+                             check_metric, choose_baseline, config_value, default_metric, default_thresholds,
+                             first_crossing, fmt, global_batch_steps, is_sweep, load_sweep, markdown_table,
+                             measured_reuse, measured_staleness, pyplot, run_script, script_parser, speedup_rows,
+                             spread, swept_key, trailing_mean)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = script_parser(__doc__)
+    p.add_argument("--metric", help="rating to reach (default: TrueSkill, else win rate vs scripted, else return)")
+    p.add_argument("--param", help="swept config key (default: the one of " + ", ".join(ABLATION_KEYS)
+                   + " that differs between members)")
+    p.add_argument("--baseline", help="'smallest', 'largest' or a swept value (default: smallest for every "
+                   "ablation: queue 0 and reuse 1 as in the paper, and the smallest batch)")
+    p.add_argument("--thresholds", type=float, nargs="+",
+                   help="metric thresholds T (default: 25%%, 50%% and 75%% of the way from the baseline's mean "
+                        "first value to its mean best value)")
+    p.add_argument("--smooth", type=int, default=1,
+                   help="trailing mean over this many versions before looking for the first crossing (default 1)")
+    p.add_argument("--min-reached", type=float, default=0.5,
+                   help="fraction of a group's seeds that must reach T for its speed-up to be plotted (default 0.5)")
+    return p
+
+
+def body(args: argparse.Namespace, out: Output) -> None:
+    if not 0.0 < args.min_reached <= 1.0:
+        raise ValueError(f"--min-reached must be in (0, 1], got {args.min_reached}")
+    for path in map(Path, args.paths):
+        if not is_sweep(path):
+            raise ValueError(f"{path} is not a sweep directory (no index.tsv); the speed-up needs a sweep")
+        sweep(path, args, out)
+
+
+def sweep(path: Path, args: argparse.Namespace, out: Output) -> None:
+    members = load_sweep(path)
+    metric = args.metric or default_metric(members)
+    check_metric(members, metric)
+    key = args.param or swept_key(members)
+    ablation = ABLATION_KEYS.get(key, key)
+    groups: dict[float, list[RunData]] = {}
+    for run in members:
+        if not run.has(metric):
+            print(f"note: {run.label} has no {metric}; left out")
+            continue
+        groups.setdefault(float(config_value(run.config, key)), []).append(run)
+    baseline = choose_baseline(list(groups), args.baseline or DEFAULT_BASELINE.get(ablation, "smallest"))
+    curves = {id(r): (r.series(metric)[0], trailing_mean(r.series(metric)[2], args.smooth))
+              for g in groups.values() for r in g}
+    thresholds = args.thresholds or default_thresholds([curves[id(r)][1] for r in groups[baseline]])
+    print(f"{path}: {ablation} ({key}), metric {metric}, baseline {fmt(baseline)}, thresholds "
+          + ", ".join(fmt(t) for t in thresholds))
+    crossings = {value: [[first_crossing(*curves[id(r)], t) for t in thresholds] for r in runs]
+                 for value, runs in groups.items()}
+    rows = speedup_rows(crossings, baseline, thresholds, args.min_reached)
+    staleness = {v: spread(measured_staleness(r.metrics) if r.has("data/staleness_mean") else None for r in g)
+                 for v, g in groups.items()}
+    reuse = {v: spread(measured_reuse(r.metrics) if r.has("data/reuse") else None for r in g)
+             for v, g in groups.items()}
+    batch = {v: _batch(g) for v, g in groups.items()}
+    table = [[fmt(row.value), fmt(batch[row.value]), fmt(row.threshold), f"{row.versions.n}/{row.versions.runs}",
+              fmt(row.versions.mean, 1), fmt(row.baseline_versions, 1), fmt(row.speedups.mean),
+              fmt(row.speedups.std), fmt(row.speedups.min), fmt(row.speedups.max),
+              fmt(staleness[row.value].mean), fmt(reuse[row.value].mean)] for row in rows]
+    out.table(f"speedup_{path.name}.md",
+              f"{path.name}: speed-up over {key} = {fmt(baseline)} to reach {metric} (OpenAI Five eq. 2)",
+              markdown_table([key, "batch (env steps)", "threshold", "reached", "versions mean",
+                              "baseline versions", "speedup mean", "speedup std", "speedup min", "speedup max",
+                              "staleness measured", "reuse measured"], table))
+    figure(path.name, key, ablation, metric, groups, curves, rows, baseline, thresholds, staleness, reuse,
+           args.min_reached, out)
+
+
+def _batch(runs: list[RunData]) -> float | None:
+    try:
+        return float(global_batch_steps(runs[0].config))
+    except ValueError:
+        return None
+
+
+def figure(name, key, ablation, metric, groups, curves, rows: list[SpeedupRow], baseline, thresholds, staleness,
+           reuse, min_reached, out: Output) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
+    values = sorted(groups)
+    colours = {v: f"C{i % 10}" for i, v in enumerate(values)}
+    curve_ax = axes[0]
+    for value in values:
+        for i, run in enumerate(groups[value]):
+            v, y = curves[id(run)]
+            label = f"{key.split('.')[-1]} {fmt(value)}" + (" (b)" if value == baseline else "")
+            curve_ax.plot(v, y, color=colours[value], lw=1.0, alpha=0.8, label=label if i == 0 else None)
+    for t in thresholds:
+        curve_ax.axhline(t, color="grey", lw=0.7, ls=":")
+    curve_ax.set(xlabel=VERSION_LABEL, ylabel=metric, title=f"{metric} (thresholds dotted)")
+    curve_ax.legend(fontsize=7, loc="best")
+
+    fig.suptitle(f"{name}: speedup to reach {metric} over {key.split('.')[-1]} = {fmt(baseline)} (b); mean, "
+                 "min..max over seeds")
+    panels = ((axes[1], {v: spread([v]) for v in values}, f"{key} (swept)", "vs the swept value"),
+              (axes[2], staleness, "measured staleness (versions)", "vs measured staleness"),
+              (axes[3], reuse, "measured sample reuse", "vs measured reuse"))
+    for ax, x_of, xlabel, title in panels:
+        ax.set(xlabel=xlabel, ylabel="speedup (eq. 2)", title=title)
+        ax.grid(alpha=0.3)
+        xs = np.array([x_of[v].mean for v in values])
+        note = ("not measured in every group" if not np.isfinite(xs).all() else
+                f"not varied by this sweep\n(all groups {fmt(float(xs.mean()), 2)})"
+                if xs.max() - xs.min() <= 0.05 * max(abs(xs.max()), 1e-9) else None)
+        if note:
+            # Tied x values would stack every point on one vertical line: say so instead.
+            ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center")
+            ax.set(xticks=[], yticks=[])
+            continue
+        for j, t in enumerate(thresholds):
+            pts = sorted((r for r in rows if r.threshold == t and r.speedups.n
+                          and r.speedups.n >= min_reached * r.speedups.runs), key=lambda r: x_of[r.value].mean)
+            if not pts:
+                continue
+            x = np.array([x_of[r.value].mean for r in pts])
+            xerr = np.array([x - [x_of[r.value].min for r in pts], [x_of[r.value].max for r in pts] - x])
+            mean = np.array([r.speedups.mean for r in pts])
+            err = np.array([mean - [r.speedups.min for r in pts], [r.speedups.max for r in pts] - mean])
+            ax.errorbar(x, mean, xerr=xerr, yerr=err, marker="o", ms=4, capsize=3, lw=1.2, color=f"C{j}",
+                        label=f"T = {fmt(t)}")
+        if ablation == "batch_size" and ax is axes[1]:
+            ax.plot(values, [v / baseline for v in values], color="black", ls="--", lw=0.8, label="linear speedup")
+        ax.axhline(1.0, color="grey", lw=0.7, ls=":")
+        base_x = x_of[baseline].mean
+        ax.axvline(base_x, color="grey", lw=0.7, ls="--")
+        ax.annotate("b", (base_x, 1.0), textcoords="offset points", xytext=(4, 4), fontsize=9)
+        # Log x as in the paper's Figure 5; symlog when a value is 0 (queue length 0, staleness near 0).
+        if xs.min() > 0 and xs.max() / xs.min() >= 4:
+            ax.set_xscale("log", base=2)
+        elif xs.min() >= 0 and xs.max() >= 4:
+            ax.set_xscale("symlog", base=2, linthresh=1.0)
+        ax.legend(fontsize=7, loc="best")
+    out.figure(f"speedup_{name}.png", fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_script(parser(), body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

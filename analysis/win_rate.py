@@ -1,0 +1,85 @@
+"""Win rate against the frozen scripted bot with 95% Wilson confidence intervals (MOBA runs).
+
+    python analysis/win_rate.py runs/ablation_staleness --out plots/
+
+Each row of eval/win_rate_vs_scripted is the win rate over the games against the scripted bot finished in the last
+ten versions, and eval/games_vs_scripted their number; the interval comes from those two (draws count as losses).
+Consecutive rows share games, so the band shows the uncertainty of each point, not of a difference between
+neighbours. Writes win_rate.png and win_rate.md (per run, --rows evenly spaced versions including the last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from hpc_rl.analysis import (VERSION_LABEL, WIN_GAMES, WIN_RATE, Output, RunData, fmt, load_runs, markdown_table,
+                             pyplot, run_script, script_parser, wilson_interval)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = script_parser(__doc__)
+    p.add_argument("--rows", type=int, default=5, help="versions per run in the table (default 5)")
+    p.add_argument("--z", type=float, default=1.96, help="normal quantile of the interval (default 1.96: 95%%)")
+    return p
+
+
+def win_rate_rows(run: RunData, z: float) -> np.ndarray:
+    """(version, games, wins, win rate, low, high) for every version with games against the scripted bot."""
+    rate = run.metrics[WIN_RATE]
+    games = {int(v): g for v, g in zip(run.metrics[WIN_GAMES]["version"], run.metrics[WIN_GAMES]["value"])}
+    out = []
+    for v, p in zip(rate["version"], rate["value"]):
+        n = games.get(int(v), 0.0)
+        if n <= 0 or not np.isfinite(p):
+            continue
+        wins = round(p * n)  # the rate is wins / games of integers: rounding undoes the float division
+        low, high = wilson_interval(wins, n, z)
+        out.append((int(v), n, wins, wins / n, low, high))
+    return np.array(out, dtype=np.float64).reshape(-1, 6)
+
+
+def body(args: argparse.Namespace, out: Output) -> None:
+    if args.rows < 1:
+        raise ValueError(f"--rows must be >= 1, got {args.rows}")
+    runs = [r for r in load_runs(args.paths) if r.has(WIN_RATE) and r.has(WIN_GAMES)]
+    if not runs:
+        print(f"note: no run has {WIN_RATE} and {WIN_GAMES} (not MOBA runs?); nothing written")
+        return
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    table = []
+    for run in runs:
+        rows = win_rate_rows(run, args.z)
+        if not len(rows):
+            print(f"note: {run.label} finished no game against the scripted bot; left out")
+            continue
+        line, = ax.plot(rows[:, 0], rows[:, 3], lw=1.4, label=run.label)
+        ax.fill_between(rows[:, 0], rows[:, 4], rows[:, 5], color=line.get_color(), alpha=0.2, lw=0)
+        picks = np.unique(np.linspace(0, len(rows) - 1, min(args.rows, len(rows))).round().astype(int))
+        for v, n, wins, p, low, high in rows[picks]:
+            table.append([run.label, fmt(v), fmt(n), fmt(wins), fmt(p), fmt(low), fmt(high)])
+    ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+    ax.set(xlabel=VERSION_LABEL, ylabel="win rate vs scripted bot", ylim=(0, 1),
+           title=f"win rate vs scripted bot, {100 * (2 * _normal_cdf(args.z) - 1):.0f}% Wilson intervals")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    out.figure("win_rate.png", fig)
+    out.table("win_rate.md", "win rate vs the scripted bot (games over the last 10 versions)",
+              markdown_table(["run", "version", "games", "wins", "win rate", "ci low", "ci high"], table))
+
+
+def _normal_cdf(z: float) -> float:
+    from math import erf, sqrt
+
+    return 0.5 * (1 + erf(z / sqrt(2)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_script(parser(), body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

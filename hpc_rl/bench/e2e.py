@@ -1,0 +1,101 @@
+"""End to end: the distributed job's consumption rate and data quality, beside the serial runner and SB3.
+
+    python -m hpc_rl.bench e2e --json
+
+- MOBA 1v1, the default local job (6 ranks: controller, 2 env, 1 inference, 2 learners, oversubscribed), run for
+  ``--moba-versions`` versions: ``moba_samples_per_s`` (agent steps consumed by the learners per second since
+  the learners started), ``moba_env_steps_per_s`` (env ranks' stepping rate), ``staleness_mean``, ``reuse``; and the serial
+  runner on the same work (same env copies, segment length, batch and model) in one process for the same number of
+  updates: ``serial_samples_per_s``, and the ratio.
+- CartPole-v1 through the distributed job (``experiment=cartpole``): ``cartpole_env_steps_per_s`` consumed,
+  whether greedy evaluation reached 475, its reuse and staleness; beside Stable-Baselines3 PPO (rl-zoo settings)
+  measured in the same run: ``sb3_env_steps_per_s``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hpc_rl.launch import mpirun_command, rank_env, set_torch_threads
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--moba-versions", type=int, default=30)
+    parser.add_argument("--cartpole-versions", type=int, default=300)
+    parser.add_argument("--skip-sb3", action="store_true")
+
+
+def _run_job(runs: Path, name: str, overrides: list[str], timeout: float) -> dict:
+    cmd = mpirun_command(6, [str(ROOT / "jobs/train.py"), f"run_name={name}", f"runs_dir={runs}", *overrides])
+    started = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=rank_env(), timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"training job failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    from hpc_rl.storage import open_run
+
+    m = open_run(runs / name).metrics
+    last = lambda key: float(m[key]["value"][-1])  # noqa: E731
+    weights = np.array([m[f"data/staleness_hist/{b:02d}"]["value"].sum() for b in range(16)])
+    return {
+        "samples_per_s": last("perf/learner_samples_per_s"),
+        "env_steps_per_s": last("perf/env_steps_per_s"),
+        "staleness_mean": float((weights * np.arange(16)).sum() / max(weights.sum(), 1)),
+        "reuse": last("data/reuse"),
+        "wall_seconds": time.monotonic() - started,
+    }
+
+
+def _serial_samples_per_s(versions: int) -> float:
+    """The serial runner on the default job's work: 16 MOBA copies (2 env ranks x 8), the same segments, batch,
+    model and PPO settings, for the same number of updates."""
+    from hpc_rl.config import TrainConfig
+    from hpc_rl.runner import RunnerConfig, SerialRunner
+
+    cfg = TrainConfig()
+    copies = cfg.env.num_envs * cfg.topology.env
+    runner = SerialRunner(cfg.env.make(num_envs=copies), RunnerConfig(num_envs=copies,
+                          segment_len=cfg.pipeline.segment_len, log_every=0), cfg.ppo, cfg.model,
+                          cfg.env.reward_config())
+    samples = 0.0
+    started = time.perf_counter()
+    for _ in range(versions):
+        batch = runner.collect()
+        runner.learner.update(batch)
+        samples += batch.num_samples
+    return samples / (time.perf_counter() - started)
+
+
+def run(args) -> dict:
+    set_torch_threads()
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = Path(tmp)
+        moba = _run_job(runs, "moba", [f"pipeline.max_versions={args.moba_versions}"], timeout=3600)
+        out.update({f"moba_{k}": v for k, v in moba.items()})
+        out["serial_samples_per_s"] = _serial_samples_per_s(args.moba_versions)
+        out["moba_vs_serial"] = moba["samples_per_s"] / out["serial_samples_per_s"]
+
+        cartpole = _run_job(runs, "cartpole", ["experiment=cartpole",
+                                                f"pipeline.max_versions={args.cartpole_versions}"], timeout=3600)
+        from hpc_rl.evaluation import evaluate_return, load_policy
+
+        policy, config, _ = load_policy(runs / "cartpole")
+        greedy = float(evaluate_return(policy, config, episodes=20, seed=7).mean())
+        out.update({"cartpole_env_steps_per_s": cartpole["samples_per_s"], "cartpole_reuse": cartpole["reuse"],
+                    "cartpole_staleness_mean": cartpole["staleness_mean"], "cartpole_greedy_return": greedy,
+                    "cartpole_reached_475": greedy >= 475})
+    if not args.skip_sb3:
+        from hpc_rl.bench.cartpole import run_sb3
+
+        sb3 = run_sb3(seed=0, max_steps=100_000, eval_every=10**9, eval_episodes=1)
+        out["sb3_env_steps_per_s"] = sb3["steps_per_s"]
+        out["cartpole_vs_sb3"] = out["cartpole_env_steps_per_s"] / sb3["steps_per_s"]
+    return out
+

@@ -1,0 +1,204 @@
+"""The configuration of a training run: dataclasses, registered in Hydra's ConfigStore, checked when built.
+
+``TrainConfig`` composes the component configs (environment, model, PPO, topology, transport, pipeline). Every
+dataclass validates its fields in ``__post_init__``; ``TrainConfig.__post_init__`` checks what spans components
+(segment length against the BPTT chunk, the batch against the minibatches), so a bad value fails when the config is
+built, before any rank starts work or any job is submitted.
+
+    cfg = build_config(hydra_cfg)      # DictConfig -> TrainConfig (raises ValueError naming the bad field)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+from hpc_rl.algo.rewards import RewardConfig
+from hpc_rl.algo.schedules import Schedule
+from hpc_rl.envs.api import VecEnv
+from hpc_rl.envs.moba import REWARD_EVENTS, MobaConfig
+from hpc_rl.model.config import ModelConfig
+from hpc_rl.runner import PPOConfig
+from hpc_rl.topology import TopologyConfig
+from hpc_rl.transport.config import FULL_POLICIES, TransportConfig
+
+ALLREDUCES = ("horovod", "mpi")
+UNDECAYED_EVENTS = ("win", "loss")  # OpenAI Five: the game-time decay spares the outcome
+
+
+@dataclass
+class EnvConfig:
+    """Which environment every env rank simulates, and how many copies of it."""
+
+    name: str = "moba"  # "moba" (the embedded MOBA, settings in ``moba``) or "gym:<Gymnasium id>", e.g. gym:CartPole-v1
+    num_envs: int = 8  # environment copies per env rank, stepped together
+    moba: MobaConfig = field(default_factory=MobaConfig)
+    vs_scripted_fraction: float = 0.25  # MOBA: share of copies where the frozen scripted bot plays one side (win rate)
+    step_seconds: float = 1.0 / 7.5  # game seconds per step (reward decay over game time)
+
+    def __post_init__(self) -> None:
+        if self.name != "moba" and not (self.name.startswith("gym:") and len(self.name) > 4):
+            raise ValueError(f"env.name must be 'moba' or 'gym:<id>', got {self.name!r}")
+        if self.num_envs < 1:
+            raise ValueError(f"env.num_envs must be >= 1, got {self.num_envs}")
+        if not 0.0 <= self.vs_scripted_fraction <= 1.0:
+            raise ValueError(f"env.vs_scripted_fraction must be in [0, 1], got {self.vs_scripted_fraction}")
+        if self.step_seconds <= 0:
+            raise ValueError(f"env.step_seconds must be > 0, got {self.step_seconds}")
+
+    @property
+    def is_moba(self) -> bool:
+        return self.name == "moba"
+
+    def scripted_copies(self) -> int:
+        """Copies per env rank in which the scripted bot plays team 1 (0 outside MOBA)."""
+        return int(round(self.vs_scripted_fraction * self.num_envs)) if self.is_moba else 0
+
+    def make(self, num_envs: int | None = None, first_copy: int = 0) -> VecEnv:
+        n = num_envs or self.num_envs
+        if self.is_moba:
+            from hpc_rl.envs.moba import MobaEnv
+
+            return MobaEnv(self.moba, n, first_copy=first_copy)
+        from hpc_rl.envs.gym_adapter import GymVecEnv
+
+        return GymVecEnv(self.name[4:], n)
+
+    def reward_config(self) -> RewardConfig:
+        """MOBA: Honor of Kings table 6 weights, decayed over game time except win/loss; Gymnasium: the reward."""
+        if self.is_moba:
+            return RewardConfig(weights=tuple(float(self.moba.reward_weights[k]) for k in REWARD_EVENTS),
+                                decayed=tuple(k not in UNDECAYED_EVENTS for k in REWARD_EVENTS))
+        return RewardConfig(weights=(1.0,), decayed=(False,), decay_period_s=None)
+
+
+@dataclass
+class PipelineConfig:
+    """How the distributed roles cooperate: segments, batches, data quality controls, publishing, stopping."""
+
+    segment_len: int = 64  # steps per segment (64-256: GAE needs far more than 1/(1-λ) steps)
+    segments_per_batch: int = 4  # segments in one learner's batch (the global batch is this × learners)
+    staleness_queue: int = 0  # hold segments back this many versions (OpenAI Five's queue length ablation)
+    target_reuse: float = 1.0  # samples consumed / produced the learners keep to (consumed counts every PPO epoch)
+    ring_slots: int = 8  # slots in every learner's experience ring
+    full_policy: str = "block"  # ring full: "block" (exactly-once) or "drop_oldest" (counted)
+    publish_every: int = 1  # optimizer updates per published version
+    max_versions: int = 50  # stop after this many versions
+    max_seconds: float = 0.0  # stop after this much wall time (0: no limit)
+    checkpoint_every: int = 10  # versions between checkpoints (the last version is always checkpointed)
+    keep_last: int = 3  # checkpoints kept: the last K ...
+    keep_every: int = 50  # ... plus every M-th version
+    allreduce: str = "horovod"  # learner gradient/statistics allreduce: "horovod" or "mpi" (mpi4py Allreduce)
+    heartbeat_s: float = 1.0  # every rank reports to the controller this often
+    heartbeat_timeout_s: float = 60.0  # a rank silent this long is reported by name and the job aborted
+    buffer_segments: int = 64  # learner's private buffer capacity (oldest dropped beyond it)
+    max_nonfinite: int = 3  # consecutive skipped updates (non-finite loss) before the run halts
+    requeue: bool = True  # under Slurm, a run stopped by a signal (preemption warning) requeues its own job
+
+    def __post_init__(self) -> None:
+        positive = ("segment_len", "segments_per_batch", "ring_slots", "publish_every", "max_versions",
+                    "checkpoint_every", "keep_last", "keep_every", "buffer_segments", "max_nonfinite")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"pipeline.{name} must be >= 1, got {getattr(self, name)}")
+        if self.staleness_queue < 0:
+            raise ValueError(f"pipeline.staleness_queue must be >= 0, got {self.staleness_queue}")
+        if self.target_reuse < 1.0:
+            raise ValueError(f"pipeline.target_reuse must be >= 1 (a sample is consumed at least once), got "
+                             f"{self.target_reuse}")
+        if self.full_policy not in FULL_POLICIES:
+            raise ValueError(f"pipeline.full_policy must be one of {FULL_POLICIES}, got {self.full_policy!r}")
+        if self.allreduce not in ALLREDUCES:
+            raise ValueError(f"pipeline.allreduce must be one of {ALLREDUCES}, got {self.allreduce!r}")
+        if self.max_seconds < 0:
+            raise ValueError(f"pipeline.max_seconds must be >= 0, got {self.max_seconds}")
+        if not 0 < self.heartbeat_s < self.heartbeat_timeout_s:
+            raise ValueError(f"need 0 < pipeline.heartbeat_s < pipeline.heartbeat_timeout_s, got "
+                             f"{self.heartbeat_s}, {self.heartbeat_timeout_s}")
+        if self.buffer_segments < self.segments_per_batch:
+            raise ValueError(f"pipeline.buffer_segments ({self.buffer_segments}) must hold a batch "
+                             f"({self.segments_per_batch} segments)")
+
+
+def _default_ppo() -> PPOConfig:
+    # One PPO epoch: each sample feeds one gradient step, so sample reuse is 1 (OpenAI Five's target).
+    return PPOConfig(lr=Schedule(3e-4, kind="constant"), entropy_coef=Schedule(0.01, kind="constant"),
+                     gamma=Schedule(0.995, kind="constant"), epochs=1, num_minibatches=4)
+
+
+@dataclass
+class TrainConfig:
+    """One training run."""
+
+    run_name: str = "default"  # the run directory is ``runs_dir/run_name``; an existing one is resumed
+    runs_dir: str = "runs"
+    seed: int = 0  # seeds torch on every rank, and env ranks as (seed, rank, version)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    ppo: PPOConfig = field(default_factory=_default_ppo)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+
+    def __post_init__(self) -> None:
+        if not self.run_name or "/" in self.run_name:
+            raise ValueError(f"run_name must be a non-empty name without '/', got {self.run_name!r}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.topology.evaluator:
+            raise ValueError("topology.evaluator must be 0: evaluator ranks are not in this version; rate checkpoints "
+                             "offline with hpc_rl.evaluation")
+        if self.pipeline.segment_len % self.model.chunk_len:
+            raise ValueError(f"pipeline.segment_len ({self.pipeline.segment_len}) must be a multiple of "
+                             f"model.chunk_len ({self.model.chunk_len})")
+        # A segment has (segment_len / chunk_len) chunks for each of its num_envs x agents (>= 1 per copy) columns.
+        chunks = (self.pipeline.segments_per_batch * (self.pipeline.segment_len // self.model.chunk_len)
+                  * self.env.num_envs)
+        if chunks < self.ppo.num_minibatches:
+            raise ValueError(f"a batch of {chunks} BPTT chunks cannot fill ppo.num_minibatches="
+                             f"{self.ppo.num_minibatches}")
+        if self.ppo.lr(0) < 0 or self.ppo.lr(10**9) < 0:
+            raise ValueError(f"the learning rate must be >= 0, got schedule {self.ppo.lr}")
+
+    def config_hash(self) -> str:
+        """Hash of what changes the learning problem (not run_name, runs_dir or stopping limits)."""
+        d = asdict(self)
+        for key in ("run_name", "runs_dir"):
+            d.pop(key)
+        for key in ("max_versions", "max_seconds", "heartbeat_timeout_s", "requeue"):
+            d["pipeline"].pop(key)
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _writable(node: DictConfig) -> DictConfig:
+    """Structured configs of frozen dataclasses are read-only in OmegaConf, which would refuse Hydra's
+    command-line overrides; validation happens when ``build_config`` instantiates the dataclasses."""
+    node._set_flag("readonly", None)
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            _writable(child)
+    return node
+
+
+def register() -> None:
+    """Register the schema as ``train_schema`` in Hydra's ConfigStore (conf/train.yaml extends it)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="train_schema", node=_writable(OmegaConf.structured(TrainConfig)))
+
+
+def build_config(cfg: DictConfig | dict) -> TrainConfig:
+    """A validated TrainConfig from a composed Hydra config (extra keys such as ``hydra`` are ignored)."""
+    if isinstance(cfg, dict):
+        cfg = OmegaConf.create(cfg)
+    schema = _writable(OmegaConf.structured(TrainConfig))
+    merged = OmegaConf.merge(schema, {k: v for k, v in cfg.items() if k in schema})
+    return OmegaConf.to_object(merged)
+
+
+def to_yaml(config: TrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))

@@ -1,0 +1,25 @@
+"""The policy network's shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POOLINGS = ("attention", "max")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of the network; the spec of the environment decides which inputs and heads exist."""
+
+    lstm_size: int = 128  # the LSTM core's hidden size (OpenAI Five: 4096, Honor of Kings: 1024)
+    embed_size: int = 64  # unit embeddings, attention keys/queries, action embedding, global features
+    entity_pooling: str = "attention"  # "attention" (a learned query per type) or "max" (Honor of Kings)
+    chunk_len: int = 16  # truncated-BPTT chunk length; segments are cut into chunks of this many steps
+
+    def __post_init__(self) -> None:
+        if self.lstm_size < 1 or self.embed_size < 1:
+            raise ValueError(f"lstm_size ({self.lstm_size}) and embed_size ({self.embed_size}) must be >= 1")
+        if self.entity_pooling not in POOLINGS:
+            raise ValueError(f"entity_pooling {self.entity_pooling!r} is not one of {POOLINGS}")
+        if self.chunk_len < 1:
+            raise ValueError(f"chunk_len must be >= 1, got {self.chunk_len}")

@@ -1,0 +1,28 @@
+"""Where the policy runs: a GPU if the process has one, else the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def select_device(prefer: str = "auto", local_rank: int = 0) -> torch.device:
+    """``auto``: ``cuda:<local_rank mod #GPUs>`` when CUDA is available, else ``cpu``; or the named device."""
+    if prefer == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device("cpu")
+    if prefer.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {prefer!r} requested but CUDA is not available")
+    return torch.device(prefer)
+
+
+def to_device(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """Numpy arrays to tensors on ``device``; through pinned memory and asynchronous copies when it is a GPU."""
+    out = {}
+    for key, value in arrays.items():
+        tensor = torch.from_numpy(np.ascontiguousarray(value))
+        if device.type == "cuda":
+            tensor = tensor.pin_memory().to(device, non_blocking=True)
+        out[key] = tensor
+    return out

@@ -1,0 +1,73 @@
+"""The learners' allreduce behind one interface: Horovod (default) or a plain mpi4py ``Allreduce``.
+
+Horovod's last release is from 2023; a site where it does not build still runs, with ``pipeline.allreduce=mpi``.
+Both sum a tensor over the learner sub-communicator and broadcast parameters from learner 0; the tests check that
+they give the same update.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+
+class MpiAllreduce:
+    """Sums with ``MPI.Allreduce`` on the learner communicator."""
+
+    name = "mpi"
+
+    def __init__(self, comm: MPI.Comm):
+        self.comm = comm
+        self.size = comm.Get_size()
+        self.rank = comm.Get_rank()
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        local = np.ascontiguousarray(tensor.detach().cpu().numpy())
+        out = np.empty_like(local)
+        self.comm.Allreduce(local, out, op=MPI.SUM)
+        return torch.from_numpy(out).to(tensor.device)
+
+    def broadcast_(self, tensors: list[torch.Tensor], root: int = 0) -> None:
+        for t in tensors:
+            buf = np.ascontiguousarray(t.detach().cpu().numpy())
+            self.comm.Bcast(buf, root=root)
+            t.data.copy_(torch.from_numpy(buf))
+
+    def shutdown(self) -> None:
+        """Nothing to release: the communicator belongs to the caller."""
+
+
+class HorovodAllreduce:
+    """Sums with ``hvd.allreduce`` on a Horovod instance initialised on the learner communicator."""
+
+    name = "horovod"
+
+    def __init__(self, comm: MPI.Comm):
+        import horovod.torch as hvd
+
+        hvd.init(comm=comm)
+        self.hvd = hvd
+        self.size = hvd.size()
+        self.rank = hvd.rank()
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        # Calls are synchronous and in the same order on every learner, so a name per shape and dtype is unique
+        # among those in flight and keeps Horovod's response cache small.
+        name = f"sum.{tensor.dtype}.{'x'.join(map(str, tensor.shape))}"
+        return self.hvd.allreduce(tensor.detach(), op=self.hvd.Sum, name=name)
+
+    def broadcast_(self, tensors: list[torch.Tensor], root: int = 0) -> None:
+        for i, t in enumerate(tensors):
+            t.data.copy_(self.hvd.broadcast(t.detach(), root_rank=root, name=f"bcast.{i}"))
+
+    def shutdown(self) -> None:
+        self.hvd.shutdown()
+
+
+def make_allreduce(name: str, comm: MPI.Comm) -> MpiAllreduce | HorovodAllreduce:
+    if name == "horovod":
+        return HorovodAllreduce(comm)
+    if name == "mpi":
+        return MpiAllreduce(comm)
+    raise ValueError(f"unknown allreduce {name!r}; choose 'horovod' or 'mpi'")

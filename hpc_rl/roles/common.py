@@ -1,0 +1,158 @@
+"""What every role shares: control messages to and from the controller, heartbeats, parameter vectors, logging.
+
+Control messages are small pickled objects on a communicator of their own (a ``Dup`` of the world), never on the
+transport's: the data path stays byte buffers, the control path stays readable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from hpc_rl.transport.config import PollConfig
+from hpc_rl.transport.wait import TransportTimeout, Waiter
+
+CONTROLLER = 0
+
+# Control message tags.
+TAG_HEARTBEAT = 11  # any rank -> controller: {"stats": {...}} (throughput counters ride along)
+TAG_METRICS = 12  # learner 0 -> controller: one published version's metrics
+TAG_CHECKPOINT = 13  # learner 0 -> controller: (version, sections) to commit
+TAG_STOP = 14  # controller -> learner 0: stop at this version; controller -> env ranks: stop now
+TAG_DONE = 15  # learner 0 -> controller: the learners stopped at this version
+
+
+def seed_for(seed: int, rank: int, version: int) -> int:
+    """Env ranks are reseeded from (seed, rank, version), so a resumed run does not replay its first games."""
+    digest = hashlib.sha256(f"{seed}/{rank}/{version}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class Backoff:
+    """Between polls of a role's main loop: the transport's backoff (yield, then doubling sleeps), no deadline."""
+
+    def __init__(self, poll: PollConfig):
+        self.poll = poll
+        self.reset()
+
+    def reset(self) -> None:
+        self._waiter = Waiter(self.poll, math.inf, "control", None, "work")
+
+    def wait(self) -> None:
+        self._waiter.step()
+
+
+@dataclass
+class ControlLink:
+    """A rank's control messages to the controller: heartbeats (with stats) and anything else, non-blocking."""
+
+    comm: MPI.Comm
+    heartbeat_s: float
+    _pending: list = field(default_factory=list)
+    _last_beat: float = 0.0
+
+    def send(self, obj, tag: int, dest: int = CONTROLLER) -> None:
+        self._pending.append(self.comm.isend(obj, dest=dest, tag=tag))
+        self._pending = [r for r in self._pending if not r.Test()]
+
+    def beat(self, stats: dict | None = None, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_beat >= self.heartbeat_s:
+            self._last_beat = now
+            self.send({"stats": stats or {}, "time": time.time()}, TAG_HEARTBEAT)
+
+    def receive(self, tag: int, source: int = CONTROLLER):
+        """A pending message with ``tag`` from ``source``, or None."""
+        if self.comm.Iprobe(source=source, tag=tag):
+            return self.comm.recv(source=source, tag=tag)
+        return None
+
+    def flush(self) -> None:
+        """Complete every send (before the communicator is freed)."""
+        MPI.Request.Waitall(self._pending)
+        self._pending = []
+
+
+def patiently(call, link: "ControlLink", timeout_s: float):
+    """``call(timeout)`` in slices of one heartbeat period, beating between them, for at most ``timeout_s``.
+
+    A rank waiting on a peer is alive: it keeps beating, so the controller names the silent peer, not the waiter.
+    ``call`` must be safe to repeat after a TransportTimeout (the transport's waits are).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call(min(link.heartbeat_s, max(deadline - time.monotonic(), 1e-3)))
+        except TransportTimeout:
+            if time.monotonic() >= deadline:
+                raise
+            link.beat()
+
+
+def policy_vector(module: torch.nn.Module) -> np.ndarray:
+    """Parameters and buffers (the observation normaliser) as one float32 vector, in state_dict order."""
+    return torch.cat([t.detach().reshape(-1).float().cpu() for t in module.state_dict().values()]).numpy()
+
+
+def load_policy_vector(module: torch.nn.Module, vector: np.ndarray) -> None:
+    state = module.state_dict()
+    total = sum(t.numel() for t in state.values())
+    if vector.size != total:
+        raise ValueError(f"parameter vector of {vector.size} values, the policy has {total}")
+    offset = 0
+    for t in state.values():
+        n = t.numel()
+        t.copy_(torch.from_numpy(vector[offset:offset + n]).reshape(t.shape).to(t.dtype))
+        offset += n
+
+
+def setup_logging(run_dir: Path, rank: int, role: str) -> logging.Logger:
+    """One log file per rank (``logs/rank_<k>.log``); the controller also logs to stdout."""
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter(f"%(asctime)s {role} r{rank} %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    file_handler = logging.FileHandler(log_dir / f"rank_{rank}.log")
+    file_handler.setFormatter(fmt)
+    root.addHandler(file_handler)
+    return logging.getLogger(f"hpc_rl.{role}")
+
+
+class StopFlag:
+    """Signal handlers only set this flag (a handler cannot run while the rank is inside an MPI call).
+
+    Installed after submitit's own handlers (submitit ignores SIGTERM and exits from its USR2 handler on rank 0
+    only): the controller polls the flag and turns it into "stop at version V".
+    """
+
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR2)):
+        self.signum: int | None = None
+        for s in signals:
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.signum = signum
+
+    @property
+    def raised(self) -> bool:
+        return self.signum is not None
+
+
+def fail(log: logging.Logger, message: str, comm: MPI.Comm = MPI.COMM_WORLD) -> None:
+    """Log, print and abort the whole job: under MPI a rank that only raised could leave its peers waiting."""
+    log.error(message)
+    print(message, file=sys.stderr, flush=True)
+    comm.Abort(1)

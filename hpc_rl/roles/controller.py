@@ -1,0 +1,200 @@
+"""Controller rank: run metadata, every file write, progress output, heartbeats, stop decisions.
+
+    while not finished: receive heartbeats, metrics and checkpoints; write them; watch for silent ranks;
+                        turn a signal or the time limit into "stop at version V"
+
+Only the controller writes files (``config.yaml``, ``meta.json``, ``metrics.h5``, ``checkpoints/``). It prints one
+progress line per published version. A rank silent for ``heartbeat_timeout_s`` is named in the log and the job
+aborted: a hung rank must not hold an allocation forever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from hpc_rl.config import TrainConfig
+from hpc_rl.analysis import wilson_interval
+from hpc_rl.roles.common import (TAG_CHECKPOINT, TAG_DONE, TAG_HEARTBEAT, TAG_METRICS, TAG_STOP, Backoff, StopFlag,
+                                 fail)
+from hpc_rl.slurm import slurm_job_id
+from hpc_rl.storage import MetricsWriter, commit_checkpoint, prune_checkpoints
+from hpc_rl.topology import Role, Topology
+
+log = logging.getLogger(__name__)
+TAG_ACCOUNTING = 16  # every inference and learner rank -> controller at the end: segment ids produced/consumed
+
+
+class Controller:
+    def __init__(self, config: TrainConfig, topology: Topology, comm: MPI.Comm, run_dir: Path, resume_version: int,
+                 stop_flag: StopFlag):
+        self.config, self.topology, self.comm, self.run_dir = config, topology, comm, run_dir
+        self.stop_flag = stop_flag
+        self.metrics = MetricsWriter(run_dir / "metrics.h5", resume_version=resume_version if resume_version >= 0
+                                     else None)
+        self.last_seen = {r: time.monotonic() for r in range(1, comm.Get_size())}
+        self.stats: dict[int, dict] = {}
+        self.version = max(resume_version, 0)
+        self.committed = resume_version
+        self.stop_sent = False
+        self.stop_reason = "finished"  # or "preempted" (a signal) or "time_limit" (pipeline.max_seconds)
+        self.learners_done: int | None = None
+        self.accounting: dict[int, dict] = {}
+        self.history: deque[np.ndarray] = deque(maxlen=11)
+        self.started = time.monotonic()
+        self.last_line = (time.monotonic(), 0.0)
+
+    # --- messages ---------------------------------------------------------------------------------------
+    def service(self) -> bool:
+        """Handle every pending message; True if any arrived."""
+        got = False
+        status = MPI.Status()
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+            got = True
+            source, tag = status.Get_source(), status.Get_tag()
+            message = self.comm.recv(source=source, tag=tag)
+            self.last_seen[source] = time.monotonic()
+            if tag == TAG_HEARTBEAT:
+                self.stats[source] = message["stats"]
+            elif tag == TAG_METRICS:
+                self._on_metrics(*message)
+            elif tag == TAG_CHECKPOINT:
+                self._on_checkpoint(*message)
+            elif tag == TAG_DONE:
+                self.learners_done = int(message)
+            elif tag == TAG_ACCOUNTING:
+                self.accounting[source] = message
+        return got
+
+    def _role_stats(self, role: Role) -> list[dict]:
+        return [self.stats.get(r, {}) for r in self.topology.ranks(role)]
+
+    def _on_metrics(self, version: int, metrics: dict) -> None:
+        self.version = version
+        env = self._role_stats(Role.ENV)
+        inference = self._role_stats(Role.INFERENCE)
+        steps = sum(s.get("env_steps", 0) for s in env)
+        seconds = max((s.get("seconds", 0.0) for s in env), default=0.0)
+        metrics["perf/env_steps"] = float(steps)
+        metrics["perf/env_steps_per_s"] = steps / seconds if seconds > 0 else 0.0
+        reported = [s for s in inference if "mean_batch" in s]
+        if reported:  # nothing is logged before the inference ranks' first report
+            metrics["perf/inference_batch"] = float(np.mean([s["mean_batch"] for s in reported]))
+            metrics["perf/inference_ms"] = float(np.mean([s["infer_ms"] for s in reported]))
+        metrics["perf/wall_seconds"] = time.monotonic() - self.started
+        totals = np.array([sum(s.get(k, 0) for s in env) for k in ("bot_games", "bot_wins", "games", "returns_sum")],
+                          dtype=np.float64)
+        self.history.append(totals)
+        # Rates over the last ten versions' games: recent enough to follow learning, enough games to mean something.
+        games, wins, episodes, returns = totals - self.history[0]
+        if games:
+            metrics["eval/win_rate_vs_scripted"] = wins / games
+            metrics["eval/games_vs_scripted"] = games
+        if episodes and returns:
+            metrics["stats/episode_return"] = returns / episodes
+        self.metrics.log_many(metrics, version=version, step=int(steps))
+        self._progress(version, metrics, int(wins), int(games))
+
+    def _progress(self, version: int, m: dict, wins: int, games: int) -> None:
+        low, high = wilson_interval(wins, games)
+        win = f"{wins / games:.2f} [{low:.2f},{high:.2f}] n={games}" if games else "n/a"
+        line = (f"v{version:5d}  env {m['perf/env_steps_per_s']:8.0f} steps/s  staleness {m['data/staleness_mean']:.2f}"
+                f"  reuse {m['data/reuse']:.2f}  win vs scripted {win}  policy_loss {m.get('train/policy_loss', 0):+.3f}"
+                f"  entropy {m.get('train/entropy', 0):.3f}")
+        if "stats/episode_return" in m:
+            line += f"  return {m['stats/episode_return']:.1f}"
+        print(line, flush=True)
+        log.info(line)
+
+    def _on_checkpoint(self, version: int, sections: dict) -> None:
+        if version <= self.committed:
+            return
+        bad = [name for name, value in sections["params"].items() if not np.all(np.isfinite(value))]
+        if bad:
+            log.error("refusing to commit version %d: non-finite parameters %s", version, bad[:5])
+            return
+        path = commit_checkpoint(self.run_dir / "checkpoints", version, sections, self.config.config_hash())
+        self.committed = version
+        prune_checkpoints(self.run_dir / "checkpoints", self.config.pipeline.keep_last, self.config.pipeline.keep_every)
+        log.info("committed %s", path.name)
+
+    # --- decisions --------------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        now = time.monotonic()
+        limit = self.config.pipeline.heartbeat_timeout_s
+        for rank, seen in self.last_seen.items():
+            if now - seen > limit:
+                role = self.topology.role_map()[rank]
+                fail(log, f"rank {rank} ({role}) has sent nothing for {now - seen:.0f} s (heartbeat_timeout_s="
+                          f"{limit}): it is hung or stopped; aborting the job")
+
+    def _maybe_stop(self) -> None:
+        if self.stop_sent:
+            return
+        reason = None
+        if self.stop_flag.raised:
+            reason = f"signal {self.stop_flag.signum}"
+            self.stop_reason = "preempted"
+        elif self.config.pipeline.max_seconds and time.monotonic() - self.started > self.config.pipeline.max_seconds:
+            reason = f"time limit of {self.config.pipeline.max_seconds:.0f} s"
+            self.stop_reason = "time_limit"
+        if reason:
+            target = self.version + 1
+            log.info("%s: stopping at version %d", reason, target)
+            print(f"{reason}: stopping at version {target}", flush=True)
+            self.comm.send(target, dest=self.topology.ranks(Role.LEARNER)[0], tag=TAG_STOP)
+            self.stop_sent = True
+
+    def run(self) -> int:
+        """Until the learners are done and the final checkpoint is committed; returns the final version."""
+        backoff = Backoff(self.config.transport.poll)
+        stopped_envs = False
+        while True:
+            if self.service():
+                backoff.reset()
+            self._maybe_stop()
+            self._watch()
+            if self.learners_done is not None and not stopped_envs:
+                for rank in self.topology.ranks(Role.ENV):
+                    self.comm.send(True, dest=rank, tag=TAG_STOP)
+                stopped_envs = True
+            if self.learners_done is not None and self.committed >= self.learners_done:
+                return self.learners_done
+            backoff.wait()
+
+    def finish(self) -> None:
+        self.metrics.close()
+        produced = sorted(tuple(i) for r in self.topology.ranks(Role.INFERENCE)
+                          for i in self.accounting.get(r, {}).get("produced", []))
+        consumed = sorted(tuple(i) for r in self.topology.ranks(Role.LEARNER)
+                          for i in self.accounting.get(r, {}).get("consumed", []))
+        left = sorted(tuple(i) for r in self.topology.ranks(Role.LEARNER)
+                      for i in self.accounting.get(r, {}).get("left", []))
+        summary = {"produced": produced, "consumed": consumed, "left": left,
+                   "version": self.learners_done, "seconds": time.monotonic() - self.started}
+        (self.run_dir / "accounting.json").write_text(json.dumps(summary))
+        status = {"state": self.stop_reason, "version": self.learners_done, "time": time.time()}
+        (self.run_dir / "status.json").write_text(json.dumps(status) + "\n")
+        log.info("segments produced %d, consumed %d, left unconsumed %d", len(produced), len(consumed), len(left))
+
+    def requeue(self) -> None:
+        """After a signal (Slurm's preemption or time-limit warning): put this job back in the queue, where it will
+        resume from the checkpoint just committed. Called once every rank has finished with MPI, since a requeue
+        ends the running job."""
+        if self.stop_reason != "preempted" or not self.config.pipeline.requeue:
+            return
+        job = slurm_job_id()
+        if job is None:
+            log.info("stopped by a signal outside Slurm: not requeued")
+            return
+        out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"scontrol requeue {job} failed: {out.stderr.strip()}")
+        print(f"requeued Slurm job {job}; it resumes from version {self.learners_done}", flush=True)

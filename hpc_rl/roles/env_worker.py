@@ -1,0 +1,107 @@
+"""Env rank: steps a vectorised environment and exchanges every step with its inference rank.
+
+    obs = env.reset(seed)
+    while not stopped: send_request(obs, events, dones); actions = wait_reply(); obs, events, dones = env.step(actions)
+
+Each request carries the events and dones of the previous step beside the new observation, so the inference rank
+completes step t-1 of its segments when step t arrives. In MOBA, the first ``scripted_copies`` copies of every env
+rank let the frozen scripted bot play team 1: the learning side's games there measure its win rate against the bot,
+and the inference rank gives the bot's steps no training weight.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hpc_rl.config import TrainConfig
+from hpc_rl.envs.api import EnvSpec
+from hpc_rl.roles.common import TAG_STOP, ControlLink, patiently, seed_for
+from hpc_rl.transport import ArrayLayout, StepExchange, step_reply_layout
+
+
+def request_layout(spec: EnvSpec, num_envs: int, fp16: bool) -> ArrayLayout:
+    """env -> inference: observations, the previous step's reward events, dones, winners and game time, and a stop
+    flag (the env's last message)."""
+    fields = dict(spec.observation_shapes(num_envs))
+    fields["events"] = ((num_envs, spec.num_agents, len(spec.reward_events)), np.float32)
+    fields["done"] = ((num_envs,), bool)
+    fields["winner"] = ((num_envs,), np.int64)
+    fields["game_time"] = ((num_envs,), np.float32)
+    fields["stop"] = ((1,), bool)
+    half = [k for k, (_, dt) in spec.observation_shapes(num_envs).items() if np.dtype(dt) == np.float32]
+    return ArrayLayout(fields, half=half if fp16 else ())
+
+
+def reply_layout(spec: EnvSpec, num_envs: int) -> ArrayLayout:
+    return step_reply_layout(num_envs, spec.num_agents)
+
+
+class EnvWorker:
+    def __init__(self, config: TrainConfig, rank: int, env_index: int, exchange: StepExchange, link: ControlLink,
+                 version: int):
+        self.config = config
+        self.rank = rank
+        self.env = config.env.make(first_copy=env_index * config.env.num_envs)
+        self.spec = self.env.spec
+        self.exchange = exchange
+        self.link = link
+        self.version = version
+        n = config.env.num_envs
+        self.requests = request_layout(self.spec, n, config.transport.fp16_observations)
+        self.replies = reply_layout(self.spec, n)
+        self.buffer = np.empty(self.requests.nbytes, np.uint8)
+        self.scripted = config.env.scripted_copies()
+        self.bot = None
+        if self.scripted:
+            from hpc_rl.envs.scripted import ScriptedBot
+
+            self.bot = ScriptedBot(config.env.moba)
+            self.bot_agents = np.asarray(self.spec.agent_team) == 1
+        self.steps = 0
+        self.games = 0
+        self.bot_games = 0
+        self.bot_wins = 0  # games against the scripted bot won by the learning side (team 0)
+        self.returns_sum = 0.0  # sum of finished episodes' returns, where the env reports them (Gymnasium)
+
+    def run(self) -> None:
+        n = self.config.env.num_envs
+        obs = self.env.reset(seed_for(self.config.seed, self.rank, self.version))
+        events = np.zeros((n, self.spec.num_agents, len(self.spec.reward_events)), np.float32)
+        done = np.zeros(n, bool)
+        winner = np.full(n, -1, np.int64)
+        game_steps = np.zeros(n)
+        started = time.monotonic()
+        while True:
+            stop = self.link.receive(TAG_STOP) is not None
+            message = {**obs, "events": events, "done": done, "winner": winner,
+                       "game_time": (game_steps * self.config.env.step_seconds).astype(np.float32),
+                       "stop": np.array([stop])}
+            self.exchange.send_request(self.requests.pack(message, self.buffer))
+            if stop:
+                return
+            reply = patiently(self.exchange.wait_reply, self.link, self.config.transport.timeout_s)
+            actions = {k: v.copy() for k, v in self.replies.unpack(reply).items()}
+            if self.bot is not None:
+                bot = self.bot.act(obs)
+                for head in actions:
+                    actions[head][:self.scripted][:, self.bot_agents] = bot[head][:self.scripted][:, self.bot_agents]
+            obs, events, done, infos = self.env.step(actions)
+            game_steps += 1
+            game_steps[done] = 0
+            winner = np.asarray(infos["winner"], np.int64)
+            self._count(done, winner)
+            if "episode_return" in infos and done.any():
+                self.returns_sum += float(np.asarray(infos["episode_return"])[done].sum())
+            self.link.beat({"env_steps": self.steps, "games": self.games, "bot_games": self.bot_games,
+                            "bot_wins": self.bot_wins, "returns_sum": self.returns_sum,
+                            "seconds": time.monotonic() - started})
+
+    def _count(self, done: np.ndarray, winner: np.ndarray) -> None:
+        self.steps += self.config.env.num_envs
+        self.games += int(done.sum())
+        if self.scripted:
+            vs_bot = done[:self.scripted]
+            self.bot_games += int(vs_bot.sum())
+            self.bot_wins += int((winner[:self.scripted][vs_bot] == 0).sum())

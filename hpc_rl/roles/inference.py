@@ -1,0 +1,190 @@
+"""Inference rank: batches every agent of its env ranks, runs the latest policy, assembles segments for learners.
+
+    while envs run: requests = wait_requests(); complete step t-1 with its rewards; act on step t; reply;
+                    ship full segments round-robin to learners; pull newer parameters
+
+Per env rank it keeps one ``SegmentBuffer`` (the runner's) and the LSTM state of every agent. A step is stored when
+the next request brings its reward and done; a segment is shipped when its ``segment_len`` steps are complete, with
+the value of the following observation as its bootstrap value. Every step records the behaviour policy version.
+Agents whose actions the env overrides (the scripted bot's side) get training weight 0.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hpc_rl.algo.rewards import shape_rewards
+from hpc_rl.config import TrainConfig
+from hpc_rl.model.device import select_device, to_device
+from hpc_rl.model.policy import Policy, PolicyStep, hero_indices
+from hpc_rl.roles.common import ControlLink, load_policy_vector, patiently
+from hpc_rl.roles.env_worker import reply_layout, request_layout
+from hpc_rl.roles.segments import SegmentShape, pack_segment
+from hpc_rl.runner import SegmentBuffer, act
+from hpc_rl.topology import local_rank
+from hpc_rl.transport import ExperienceRing, ParameterChannel, StepExchange
+from hpc_rl.transport.wait import Waiter
+
+
+@dataclass
+class _Pending:
+    """Step t of one env rank, waiting for its reward and done (they arrive with step t+1)."""
+
+    obs: dict[str, np.ndarray]
+    starts: np.ndarray
+    step: PolicyStep
+    version: int
+
+
+class InferenceWorker:
+    def __init__(self, config: TrainConfig, env_ranks: list[int], exchange: StepExchange,
+                 rings: list[ExperienceRing], params: ParameterChannel, link: ControlLink):
+        self.config = config
+        self.env_ranks = env_ranks
+        self.exchange, self.rings, self.params, self.link = exchange, rings, params, link
+        self.spec = config.env.make(num_envs=1).spec
+        self.device = select_device("auto", local_rank())
+        self.policy = Policy(self.spec, config.model).to(self.device)
+        self.policy.eval()
+        self.version = -1
+        n, agents = config.env.num_envs, self.spec.num_agents
+        self.per_env = n * agents
+        fp16 = config.transport.fp16_observations
+        self.requests = request_layout(self.spec, n, fp16)
+        self.replies = reply_layout(self.spec, n)
+        self.reply_buffer = np.empty(self.replies.nbytes, np.uint8)
+        self.shape = SegmentShape(self.spec, self.per_env, config.pipeline.segment_len, config.model.chunk_len,
+                                  config.model.lstm_size, fp16)
+        self.segment_layout = self.shape.layout()
+        self.segment_buffer = np.empty(self.segment_layout.nbytes, np.uint8)
+        self.buffers = {e: SegmentBuffer(self.spec, self.per_env, config.pipeline.segment_len, config.model.chunk_len,
+                                         config.model.lstm_size) for e in env_ranks}
+        self.state = {e: self.policy.initial_state(self.per_env, self.device) for e in env_ranks}
+        self.t = {e: 0 for e in env_ranks}
+        self.pending: dict[int, _Pending | None] = {e: None for e in env_ranks}
+        self.segments_sent = {e: 0 for e in env_ranks}
+        self.hero = np.tile(hero_indices(self.spec), n)
+        self.weight = self._weights()
+        self.reward_config = config.env.reward_config()
+        self.next_ring = 0
+        self.batches = 0
+        self.batch_agents = 0
+        self.infer_seconds = 0.0
+        self.segments = 0
+        self.samples = 0
+        self.produced_ids: list[tuple[int, int, int]] = []  # (this rank, env rank, segment number) of every segment
+
+    def _weights(self) -> np.ndarray:
+        """1 for steps of learning agents the policy controls, 0 for the scripted bot's side."""
+        n, agents = self.config.env.num_envs, self.spec.num_agents
+        learning = self.spec.learning_agents or tuple(range(agents))
+        w = np.tile(np.isin(np.arange(agents), learning), (n, 1)).astype(np.float32)
+        scripted = self.config.env.scripted_copies()
+        if scripted:
+            w[:scripted, np.asarray(self.spec.agent_team) == 1] = 0.0
+        return w.reshape(-1)
+
+    def _pull_parameters(self, wait: bool) -> None:
+        if wait:
+            got = patiently(lambda timeout: self.params.wait_version(1, timeout), self.link,
+                            self.config.transport.timeout_s)
+        else:
+            got = self.params.poll()
+        if got is None:
+            return
+        _, payload = got
+        version = int(payload[:8].view(np.int64)[0])
+        load_policy_vector(self.policy, payload[8:].view(np.float32))
+        self.version = version
+
+    def run(self) -> None:
+        self._pull_parameters(wait=True)
+        live = set(self.env_ranks)
+        started = time.monotonic()
+        while live:
+            requests = self._wait_requests(live)
+            messages = {e: self.requests.unpack(p) for e, p in requests.items()}
+            for e, m in messages.items():
+                if m["stop"][0]:
+                    live.discard(e)
+            active = [e for e in sorted(messages) if e in live]
+            if active:
+                self._step(active, {e: messages[e] for e in active})
+            self._pull_parameters(wait=False)
+            self.link.beat({"segments": self.segments, "samples": self.samples, "version": self.version,
+                            "mean_batch": self.batch_agents / max(self.batches, 1),
+                            "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
+                            "seconds": time.monotonic() - started})
+
+    def _wait_requests(self, env_ranks: set[int]) -> dict[int, np.ndarray]:
+        """One request from every live env rank; beats while waiting; names a silent env rank past the deadline."""
+        got: dict[int, np.ndarray] = {}
+        waiter = Waiter(self.config.transport.poll, self.config.transport.timeout_s, "step", None, "requests")
+        while True:
+            got.update(self.exchange.poll_requests())
+            missing = env_ranks - set(got)
+            if not missing:
+                return got
+            waiter.peer = min(missing)
+            self.link.beat()
+            waiter.step()
+
+    def _step(self, env_ranks: list[int], messages: dict[int, dict[str, np.ndarray]]) -> None:
+        """One policy step for every agent of ``env_ranks`` in one batch."""
+        flat = {e: {k: messages[e][k].reshape(self.per_env, *messages[e][k].shape[2:])
+                    for k in self.spec.observation_shapes(1)} for e in env_ranks}
+        starts = {e: np.repeat(messages[e]["done"], self.spec.num_agents) for e in env_ranks}
+        obs = {k: np.concatenate([flat[e][k] for e in env_ranks]) for k in flat[env_ranks[0]]}
+        before = {e: self.state[e] for e in env_ranks}
+        state = tuple(torch.cat([self.state[e][i] for e in env_ranks]) for i in range(2))
+        hero = torch.from_numpy(np.tile(self.hero, len(env_ranks))).to(self.device)
+        t0 = time.perf_counter()
+        step = act(self.policy, to_device(obs, self.device), hero,
+                   torch.from_numpy(np.concatenate([starts[e] for e in env_ranks])).to(self.device), state)
+        self.infer_seconds += time.perf_counter() - t0
+        self.batches += 1
+        self.batch_agents += len(env_ranks) * self.per_env
+        actions_all = {k: v.cpu().numpy() for k, v in step.actions.items()}
+        for i, e in enumerate(env_ranks):
+            part = slice(i * self.per_env, (i + 1) * self.per_env)
+            mine = PolicyStep({k: v[part] for k, v in step.actions.items()}, step.logp[part], step.entropy[part],
+                              step.value[part], (step.state[0][part], step.state[1][part]))
+            reply = {k: v[part].reshape(self.config.env.num_envs, self.spec.num_agents) for k, v in actions_all.items()}
+            self.exchange.send_reply(e, self.replies.pack(reply, self.reply_buffer))
+            self._complete(e, messages[e], mine)
+            self.buffers[e].store_state(self.t[e], before[e])
+            self.pending[e] = _Pending(flat[e], starts[e], mine, self.version)
+            self.state[e] = mine.state
+
+    def _complete(self, e: int, message: dict[str, np.ndarray], now: PolicyStep) -> None:
+        """Store the pending step of env rank ``e`` with the reward and done ``message`` brings; ship a full segment."""
+        pending = self.pending[e]
+        if pending is None:
+            return
+        tau = self.config.ppo.team_spirit(max(self.version, 0))
+        reward = shape_rewards(message["events"], self.spec.agent_team, self.reward_config, tau,
+                               message["game_time"]).reshape(-1)
+        done = np.repeat(message["done"], self.spec.num_agents)
+        t = self.t[e]
+        self.buffers[e].store(t, pending.obs, self.hero, pending.starts, pending.step, reward, done, self.weight,
+                              pending.version)
+        self.t[e] = t + 1
+        if self.t[e] == self.config.pipeline.segment_len:
+            self._ship(e, now.value)
+            self.t[e] = 0
+
+    def _ship(self, e: int, bootstrap_value: torch.Tensor) -> None:
+        batch = self.buffers[e].batch(bootstrap_value)
+        self.segments_sent[e] += 1
+        payload = pack_segment(self.segment_layout, batch, e, self.segments_sent[e], self.segment_buffer)
+        # Round-robin over learners, so every learner's buffer fills at the same rate.
+        ring = self.rings[self.next_ring]
+        patiently(lambda timeout: ring.put(payload, timeout), self.link, self.config.transport.timeout_s)
+        self.produced_ids.append((self.exchange.rank, e, self.segments_sent[e]))
+        self.next_ring = (self.next_ring + 1) % len(self.rings)
+        self.segments += 1
+        self.samples += int(batch.weight.sum())

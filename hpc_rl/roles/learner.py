@@ -1,0 +1,247 @@
+"""Learner rank: PPO on its share of the experience, in lockstep with the other learners.
+
+    while not stop: take segments from my ring; control = allreduce(flags and counts); if all ready: update;
+                    learner 0 publishes every ``publish_every`` updates and ships checkpoints to the controller
+
+Every iteration the learners allreduce a small control vector (not-ready count, the stop version the controller
+asked for, samples produced and consumed, rejected segments) and take every decision from it, so no learner decides
+alone and no allreduce waits on a learner that left. Data quality is measured on every consumed sample: staleness
+(learner version minus behaviour version) and sample reuse (samples consumed by gradient steps / produced). The
+staleness queue holds a segment back ``staleness_queue`` versions after it arrives; ``target_reuse`` throttles
+updates so that consumed / produced stays at or below it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from hpc_rl.config import TrainConfig
+from hpc_rl.model.device import select_device
+from hpc_rl.model.policy import Policy
+from hpc_rl.roles.allreduce import make_allreduce
+from hpc_rl.roles.common import (TAG_CHECKPOINT, TAG_DONE, TAG_METRICS, TAG_STOP, Backoff, ControlLink,
+                                 policy_vector)
+from hpc_rl.roles.segments import SegmentError, SegmentShape, concat, unpack_segment, validate
+from hpc_rl.runner import Batch, Learner
+from hpc_rl.topology import local_rank
+from hpc_rl.transport import ExperienceRing, ParameterChannel
+
+log = logging.getLogger(__name__)
+STALENESS_BINS = 16  # histogram of staleness 0..15, the last bin counts 15 and more
+
+
+@dataclass
+class _Held:
+    batch: Batch
+    ids: tuple[int, int, int]  # (inference rank, env rank, segment number)
+    queued: bool = True  # still in the staleness queue
+    uses: int = 0
+
+
+def to_numpy_tree(obj):
+    """Tensors in a nested state (state_dicts) to numpy arrays, for storage."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy()
+    if isinstance(obj, dict):
+        return {k: to_numpy_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_numpy_tree(v) for v in obj)
+    return obj
+
+
+def to_torch_tree(obj):
+    """The inverse of ``to_numpy_tree``."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj))
+    if isinstance(obj, dict):
+        return {k: to_torch_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_torch_tree(v) for v in obj)
+    return obj
+
+
+class LearnerWorker:
+    def __init__(self, config: TrainConfig, learner_comm: MPI.Comm, ring: ExperienceRing, params: ParameterChannel,
+                 link: ControlLink, resume: tuple[int, dict] | None):
+        self.config = config
+        self.comm = learner_comm
+        self.index = learner_comm.Get_rank()
+        self.ring, self.params, self.link = ring, params, link
+        self.spec = config.env.make(num_envs=1).spec
+        self.device = select_device("auto", local_rank())
+        torch.manual_seed(config.seed)
+        self.policy = Policy(self.spec, config.model).to(self.device)
+        self.allreduce = make_allreduce(config.pipeline.allreduce, learner_comm)
+        self.learner = Learner(self.policy, config.ppo, allreduce_sum=self.allreduce.sum,
+                               world_size=self.allreduce.size, device=self.device, seed=config.seed + self.index)
+        if resume is not None:
+            self.load(resume[1])
+        # Learners start from learner 0's parameters (constant buffers such as the action-gating masks agree already).
+        self.allreduce.broadcast_([t for t in self.policy.state_dict().values() if t.is_floating_point()])
+        self.shape = SegmentShape(self.spec, config.env.num_envs * self.spec.num_agents, config.pipeline.segment_len,
+                                  config.model.chunk_len, config.model.lstm_size, config.transport.fp16_observations)
+        self.layout = self.shape.layout()
+        self.held: deque[_Held] = deque()
+        self.produced = 0.0  # samples received by this learner
+        self.consumed = 0.0  # samples used by gradient steps (every PPO epoch counts)
+        self.rejected = 0
+        self.nonfinite_streak = 0
+        self.staleness_hist = np.zeros(STALENESS_BINS)
+        self.consumed_ids: list[tuple[int, int, int]] = []
+        self.evicted_ids: list[tuple[int, int, int]] = []  # dropped from a full buffer before any use
+        self.stop_version = 0
+
+    # --- checkpoints ------------------------------------------------------------------------------------
+    def sections(self) -> dict:
+        state = self.learner.state_dict()
+        return {"params": to_numpy_tree(state["policy"]), "optimizer": to_numpy_tree(state["optimizer"]),
+                "clip": to_numpy_tree(state["clip"]), "normalizers": to_numpy_tree(state["normalizers"]),
+                "learner": {"version": self.learner.version, "rng": state["generator"].numpy()}}
+
+    def load(self, sections: dict) -> None:
+        self.learner.load_state_dict({"policy": to_torch_tree(sections["params"]),
+                                      "optimizer": to_torch_tree(sections["optimizer"]),
+                                      "clip": to_torch_tree(sections["clip"]),
+                                      "normalizers": sections["normalizers"],
+                                      "version": sections["learner"]["version"],
+                                      "generator": torch.from_numpy(np.array(sections["learner"]["rng"]))})
+
+    # --- the loop ---------------------------------------------------------------------------------------
+    def publish(self) -> None:
+        vector = policy_vector(self.policy)
+        payload = np.empty(8 + vector.nbytes, np.uint8)
+        payload[:8].view(np.int64)[0] = self.learner.version
+        payload[8:].view(np.float32)[:] = vector
+        self.params.publish(payload)
+
+    def _take_segments(self) -> None:
+        for seg in self.ring.poll():
+            try:
+                batch, env_rank, seq = unpack_segment(self.layout, seg.payload)
+                validate(batch, self.spec, self.learner.version)
+            except SegmentError as err:
+                self.rejected += 1
+                log.warning("segment from rank %d seq %d rejected: %s", seg.writer, seg.seq, err)
+                continue
+            self.produced += float(batch.weight.sum())
+            self.held.append(_Held(batch, (seg.writer, env_rank, seq)))
+        # OpenAI Five's staleness ablation: segments pass through a FIFO holding N versions' worth of batches, so
+        # each is trained on about N versions after it arrived.
+        queued = [h for h in self.held if h.queued]
+        capacity = self.config.pipeline.staleness_queue * self.config.pipeline.segments_per_batch
+        for h in queued[:max(0, len(queued) - capacity)]:
+            h.queued = False
+        while len(self.held) > self.config.pipeline.buffer_segments + capacity:
+            evicted = self.held.popleft()
+            if evicted.uses == 0:
+                self.evicted_ids.append(evicted.ids)
+
+    def _available(self) -> list[_Held]:
+        """Segments out of the staleness queue and used fewer than ceil(target_reuse) times (with a target of 1,
+        each segment feeds exactly one update)."""
+        max_uses = math.ceil(self.config.pipeline.target_reuse)
+        return [h for h in self.held if not h.queued and h.uses < max_uses]
+
+    def _control(self, ready: bool, batch_samples: float) -> np.ndarray:
+        """Sum over learners of: not ready, the requested stop version (learner 0 hears the controller), samples
+        produced, consumed and in the next batch, rejected segments."""
+        stop = self.link.receive(TAG_STOP) if self.index == 0 else None
+        if stop is not None:
+            self.stop_version = int(stop)
+        local = torch.tensor([0.0 if ready else 1.0, float(self.stop_version), self.produced, self.consumed,
+                              batch_samples, float(self.rejected)], dtype=torch.float64)
+        return self.allreduce.sum(local).numpy()
+
+    def run(self) -> int:
+        cfg = self.config.pipeline
+        k = cfg.segments_per_batch
+        epochs = self.config.ppo.epochs
+        if self.index == 0:
+            self.publish()
+        backoff = Backoff(self.config.transport.poll)
+        started = time.monotonic()
+        while True:
+            self._take_segments()
+            chosen = self._choose(k)
+            batch_samples = sum(float(h.batch.weight.sum()) for h in chosen)
+            not_ready, stop_version, produced, consumed, next_batch, rejected = self._control(
+                len(chosen) == k, batch_samples)
+            if self.learner.version >= cfg.max_versions or (stop_version and self.learner.version >= stop_version):
+                break
+            # Throttle on sample reuse: the update would consume the next batch once per PPO epoch.
+            projected = consumed + next_batch * epochs
+            self.link.beat(self._stats(started))
+            if not_ready or produced <= 0 or projected > cfg.target_reuse * produced + 1e-6:
+                backoff.wait()
+                continue
+            backoff.reset()
+            self._update(chosen, epochs, produced, projected, rejected, started)
+        if self.index == 0:
+            self.link.send(self.learner.version, TAG_DONE)
+        self.link.beat(self._stats(started), force=True)
+        return self.learner.version
+
+    def _choose(self, k: int) -> list[_Held]:
+        """The next batch's segments: fewest uses first, among equals the oldest (``held`` is in arrival order), so
+        with a target reuse of 1 segments are trained on in arrival order and none waits behind newer ones."""
+        available = self._available()
+        order = sorted(range(len(available)), key=lambda i: (available[i].uses, i))
+        return [available[i] for i in order[:k]]
+
+    def _update(self, chosen: list[_Held], epochs: int, produced: float, consumed_after: float, rejected: float,
+                started: float) -> None:
+        batch = concat([h.batch for h in chosen])
+        for h in chosen:
+            h.uses += 1
+            self.consumed_ids.append(h.ids)
+        trained = batch.weight > 0
+        staleness = (self.learner.version - batch.version[trained]).clamp(min=0).numpy()
+        hist = np.bincount(np.minimum(staleness, STALENESS_BINS - 1), minlength=STALENESS_BINS)
+        self.staleness_hist += hist
+        self.consumed += float(batch.weight.sum()) * epochs
+        metrics = self.learner.update(batch)
+        skipped = metrics.get("train/nonfinite_skipped", 0.0)
+        self.nonfinite_streak = self.nonfinite_streak + 1 if skipped >= self.config.ppo.num_minibatches * epochs else 0
+        if self.nonfinite_streak >= self.config.pipeline.max_nonfinite:
+            raise FloatingPointError(f"{self.nonfinite_streak} updates in a row had non-finite losses; halting "
+                                     "before a NaN model is published or committed")
+        stale = torch.tensor(np.r_[hist, staleness.sum(), staleness.size], dtype=torch.float64)
+        global_stale = self.allreduce.sum(stale).numpy()
+        version = self.learner.version
+        if self.index == 0:
+            if version % self.config.pipeline.publish_every == 0:
+                self.publish()
+            metrics.update({
+                "data/staleness_mean": global_stale[-2] / max(global_stale[-1], 1.0),
+                "data/reuse": consumed_after / max(produced, 1.0),
+                "data/rejected_segments": rejected,
+                "perf/learner_samples_per_s": (consumed_after / epochs) / max(time.monotonic() - started, 1e-9),
+                "perf/buffer_segments": float(len(self.held)),
+            })
+            for b in range(STALENESS_BINS):
+                metrics[f"data/staleness_hist/{b:02d}"] = float(global_stale[b])
+            self.link.send((version, metrics), TAG_METRICS)
+            if version % self.config.pipeline.checkpoint_every == 0:
+                self.link.send((version, self.sections()), TAG_CHECKPOINT)
+
+    def final_checkpoint(self) -> None:
+        """Learner 0 ships the last version's state (the controller commits it unless already committed)."""
+        if self.index == 0:
+            self.link.send((self.learner.version, self.sections()), TAG_CHECKPOINT)
+
+    def drain(self) -> list[tuple[int, int, int]]:
+        """Segments never trained on: left at the stop or evicted from a full buffer (exactly-once accounting)."""
+        self._take_segments()
+        return self.evicted_ids + [h.ids for h in self.held if h.uses == 0]
+
+    def _stats(self, started: float) -> dict:
+        return {"version": self.learner.version, "produced": self.produced, "consumed": self.consumed,
+                "held": len(self.held), "seconds": time.monotonic() - started}

@@ -1,0 +1,158 @@
+"""One training run as one MPI job: assign roles, build the channels, run each role, shut down in order.
+
+    run(config)   # every rank of the job calls this; the topology says what each rank does
+
+Start-up (collective): check the world size against the topology, resolve the run directory and the checkpoint to
+resume from (controller), probe the transport, create the channels (every learner's ring, the parameter channel,
+the step exchange). Shut-down: every rank enters a non-blocking barrier once it has stopped producing; learners keep
+draining their rings until every rank is there, so no writer stays blocked on a full ring; then the channels are
+closed in the same order everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from mpi4py import MPI
+
+from hpc_rl.config import TrainConfig, to_yaml
+from hpc_rl.launch import set_torch_threads
+from hpc_rl.roles.common import CONTROLLER, Backoff, ControlLink, StopFlag, setup_logging
+from hpc_rl.roles.controller import TAG_ACCOUNTING, Controller
+from hpc_rl.roles.env_worker import EnvWorker, reply_layout, request_layout
+from hpc_rl.roles.segments import SegmentShape
+from hpc_rl.storage import load_latest, write_meta
+from hpc_rl.topology import Role, Topology
+from hpc_rl.transport import RingConfig, Transport
+
+
+def _parameter_bytes(config: TrainConfig) -> int:
+    from hpc_rl.model.policy import Policy
+
+    policy = Policy(config.env.make(num_envs=1).spec, config.model)
+    return 8 + 4 * sum(t.numel() for t in policy.state_dict().values())
+
+
+def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[str, ...] = ()) -> int | None:
+    """Run the whole job; returns the final version on the controller, None elsewhere.
+
+    ``overrides`` (the command line's config overrides) go into ``<runs_dir>/index.tsv`` beside the run's name, so
+    a sweep directory lists which member ran what.
+    """
+    set_torch_threads()
+    rank = comm.Get_rank()
+    topology = Topology(config.topology)
+    topology.check(comm.Get_size())  # every rank raises the same clear error before any work
+    placement = topology.placement(rank)
+    run_dir = Path(config.runs_dir) / config.run_name
+    stop_flag = StopFlag()
+    control = comm.Dup()
+    log = setup_logging(run_dir, rank, f"{placement.role.value}[{placement.index}]") if rank != CONTROLLER else None
+
+    # The controller decides where to resume from; learners get the state, env ranks the version (for seeding).
+    resume = None
+    if rank == CONTROLLER:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = setup_logging(run_dir, rank, "controller")
+        (run_dir / "config.yaml").write_text(to_yaml(config))
+        resume = load_latest(run_dir / "checkpoints", config.config_hash())
+        if resume is not None:
+            print(f"resuming {run_dir} from version {resume.version} ({resume.path.name})", flush=True)
+        else:
+            # One short line appended per new run (O_APPEND: concurrent sweep members do not interleave on a local
+            # or Lustre/GPFS filesystem).
+            with open(Path(config.runs_dir) / "index.tsv", "a") as index:
+                index.write(f"{config.run_name}\t{' '.join(overrides)}\n")
+    resume_version = comm.bcast(resume.version if resume is not None else -1, root=CONTROLLER)
+    learner_ranks = topology.ranks(Role.LEARNER)
+    if rank == CONTROLLER and resume is not None:
+        for r in learner_ranks:
+            control.send(resume.sections, dest=r, tag=1)
+    learner_state = control.recv(source=CONTROLLER, tag=1) if resume_version >= 0 and rank in learner_ranks else None
+
+    transport = Transport(comm, config.transport)
+    spec = config.env.make(num_envs=1).spec
+    n = config.env.num_envs
+    fp16 = config.transport.fp16_observations
+    env_ranks = topology.ranks(Role.ENV)
+    clients = {e: topology.inference_for_env(i) for i, e in enumerate(env_ranks)}
+    segment_bytes = SegmentShape(spec, n * spec.num_agents, config.pipeline.segment_len, config.model.chunk_len,
+                                 config.model.lstm_size, fp16).layout().nbytes
+    ring_config = RingConfig(slots=config.pipeline.ring_slots, slot_bytes=segment_bytes,
+                             full_policy=config.pipeline.full_policy)
+    rings = [transport.experience_ring(owner=r, ring=ring_config) for r in learner_ranks]
+    params = transport.parameter_channel(publisher=learner_ranks[0], max_bytes=_parameter_bytes(config))
+    steps = transport.step_exchange(clients, request_layout(spec, n, fp16).nbytes, reply_layout(spec, n).nbytes)
+    learner_comm = comm.Split(color=1 if placement.role is Role.LEARNER else MPI.UNDEFINED, key=rank)
+    link = ControlLink(control, config.pipeline.heartbeat_s)
+    log.info("rank %d: pid %d, %s, transport %s, resume version %d", rank, os.getpid(), placement.role.value,
+             transport.backend, resume_version)
+
+    result = None
+    learner = inference = None
+    if placement.role is Role.CONTROLLER:
+        write_meta(run_dir, world_size=comm.Get_size(), roles=topology.role_map(), transport=transport.meta(),
+                   config_hash=config.config_hash(), resumed_from=resume_version)
+        controller = Controller(config, topology, control, run_dir, resume_version, stop_flag)
+        result = controller.run()
+    elif placement.role is Role.ENV:
+        EnvWorker(config, rank, placement.index, steps, link, max(resume_version, 0)).run()
+    elif placement.role is Role.INFERENCE:
+        from hpc_rl.roles.inference import InferenceWorker
+
+        inference = InferenceWorker(config, topology.envs_for_inference(placement.index), steps, rings, params, link)
+        inference.run()
+    elif placement.role is Role.LEARNER:
+        from hpc_rl.roles.learner import LearnerWorker
+
+        learner = LearnerWorker(config, learner_comm, rings[placement.index], params, link,
+                                (resume_version, learner_state) if learner_state is not None else None)
+        learner.run()
+        learner.final_checkpoint()
+
+    # Quiesce: wait for every rank to stop producing; learners drain, the controller keeps serving.
+    barrier = control.Ibarrier()
+    backoff = Backoff(config.transport.poll)
+    left: list = []
+    while not barrier.Test():
+        if learner is not None:
+            left = learner.drain()
+        if placement.role is Role.CONTROLLER:
+            controller.service()
+        else:
+            link.beat()
+        backoff.wait()
+    if learner is not None:  # segments whose puts completed just before the last rank arrived
+        left = learner.drain()
+    if inference is not None:
+        link.send({"produced": inference.produced_ids}, TAG_ACCOUNTING)
+    if learner is not None:
+        link.send({"consumed": learner.consumed_ids, "left": left}, TAG_ACCOUNTING)
+    link.flush()
+    done = control.Ibarrier()
+    while not done.Test():
+        if placement.role is Role.CONTROLLER:
+            controller.service()
+        time.sleep(0.001)
+    if placement.role is Role.CONTROLLER:
+        controller.service()
+        controller.finish()
+
+    for ring in rings:
+        extra = ring.close()
+        if extra and learner is not None:
+            log.info("%d segments arrived after the stop and were not trained on", len(extra))
+    params.close()
+    steps.close()
+    if learner is not None:
+        learner.allreduce.shutdown()
+    if learner_comm != MPI.COMM_NULL:
+        learner_comm.Free()
+    control.Free()
+    log.info("rank %d finished", rank)
+    if placement.role is Role.CONTROLLER:
+        controller.requeue()
+    return result
+

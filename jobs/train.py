@@ -1,0 +1,36 @@
+"""Train a policy by self-play: one run = one MPI job (see hpc_rl/roles/run.py).
+
+    mpirun -np 6 --oversubscribe python -m mpi4py jobs/train.py run_name=my_run          # local, 6 ranks
+    srun --mpi=pmix python -m mpi4py jobs/train.py run_name=my_run topology.env=64 ...  # in an allocation
+    mpirun -np 6 python -m mpi4py jobs/train.py env=cartpole run_name=cp                 # the sanity check
+
+An existing run directory (runs/<run_name>) is resumed from its latest good checkpoint. Every rank composes the
+same config; the controller (rank 0) writes the run directory.
+"""
+
+from pathlib import Path
+
+from hpc_rl.launch import isolate_shared_memory
+
+isolate_shared_memory()  # before anything imports mpi4py.MPI (which initialises MPI)
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from hpc_rl.config import build_config, register  # noqa: E402
+
+CONF = str(Path(__file__).resolve().parent.parent / "conf")
+register()
+
+
+@hydra.main(version_base="1.3", config_path=CONF, config_name="train")
+def main(cfg: DictConfig):
+    config = build_config(cfg)
+    from hpc_rl.roles.run import run  # initialises MPI: only once the config is known to be good
+
+    return run(config, overrides=tuple(HydraConfig.get().overrides.task))
+
+
+if __name__ == "__main__":
+    main()

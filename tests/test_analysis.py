@@ -1,0 +1,370 @@
+"""Offline analysis: the maths against hand-computed cases and slow references, and every ``analysis/`` script run
+on synthetic run and sweep directories (real metrics.h5 files written by MetricsWriter) with its tables checked."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from hpc_rl.analysis import (choose_baseline, default_metric, default_thresholds, first_crossing, load_runs,
+                             markdown_table, measured_reuse, measured_staleness, speedup, speedup_rows, spread,
+                             staleness_histogram, swept_key, trailing_mean, wilson_interval)
+from hpc_rl.storage import MetricsWriter
+from hpc_rl.storage.metrics import ROW
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ("curves", "win_rate", "data_quality", "throughput", "speedup")
+T0 = 1_700_000_000.0  # wall clock of every synthetic run's first row
+
+
+# --- slow references, written like the definitions -----------------------------------------------------------
+def wilson_by_scan(wins: int, games: int, z: float = 1.96, grid: int = 200_001) -> tuple[float, float]:
+    """Every p on a fine grid with (p̂ − p)² <= z² p (1 − p) / n: the Wilson interval's definition, by brute force."""
+    p = np.linspace(0.0, 1.0, grid)
+    inside = p[(wins / games - p) ** 2 <= z * z * p * (1 - p) / games]
+    return float(inside.min()), float(inside.max())
+
+
+def rows(pairs: list[tuple[int, float]]) -> np.ndarray:
+    return np.array([(v, 10 * v, T0 + v, x) for v, x in pairs], dtype=ROW)
+
+
+# --- pure computations ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("wins,games", [(0, 10), (10, 10), (3, 10), (15, 20), (1, 1), (47, 400)])
+def test_wilson_interval_matches_its_definition(wins, games):
+    low, high = wilson_interval(wins, games)
+    ref_low, ref_high = wilson_by_scan(wins, games)
+    assert low == pytest.approx(ref_low, abs=1e-5) and high == pytest.approx(ref_high, abs=1e-5)
+
+
+def test_wilson_interval_hand_cases():
+    # 0 of n: the interval is [0, z² / (n + z²)].
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 1.96 ** 2 / (10 + 1.96 ** 2)))
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="wins <= games"):
+        wilson_interval(11, 10)
+
+
+def test_trailing_mean_against_loop():
+    values = np.array([1.0, 2.0, 3.0, 4.0, 10.0])
+    assert trailing_mean(values, 2).tolist() == [1.0, 1.5, 2.5, 3.5, 7.0]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=50)
+    slow = [np.mean(x[max(0, i - 6):i + 1]) for i in range(50)]
+    assert np.allclose(trailing_mean(x, 7), slow)
+    with pytest.raises(ValueError, match="window"):
+        trailing_mean(x, 0)
+
+
+def test_first_crossing():
+    versions = np.array([1, 2, 3, 4, 5])
+    values = np.array([0.1, np.nan, 0.49, 0.5, 0.2])
+    assert first_crossing(versions, values, 0.5) == 4  # >= counts, the later dip does not undo it
+    assert first_crossing(versions, values, 0.0) == 1
+    assert first_crossing(versions, values, 0.6) is None
+    assert first_crossing(versions[::-1], values[::-1], 0.45) == 3  # rows out of order are sorted by version
+    with pytest.raises(ValueError, match="shape"):
+        first_crossing(versions, values[:3], 0.5)
+
+
+def test_speedup_is_eq_2():
+    assert speedup(10, 20) == 0.5
+    assert speedup(30, 10) == 3.0
+    assert speedup(None, 10) is None and speedup(10, None) is None
+    with pytest.raises(ValueError, match="> 0"):
+        speedup(10, 0)
+
+
+def test_staleness_histogram_and_measured_staleness():
+    metrics = {f"data/staleness_hist/{b:02d}": rows([(1, 0.0), (2, 0.0)]) for b in range(16)}
+    metrics["data/staleness_hist/01"] = rows([(1, 300.0), (2, 0.0)])
+    metrics["data/staleness_hist/04"] = rows([(1, 0.0), (2, 100.0)])
+    metrics["data/staleness_hist/15"] = rows([(1, 0.0), (2, 0.0)])
+    metrics["data/staleness_mean"] = rows([(1, 1.0), (2, 4.0)])
+    hist = staleness_histogram(metrics)
+    assert hist[1] == 300 and hist[4] == 100 and hist.sum() == 400
+    # Per sample: (300 x 1 + 100 x 4) / 400, not the mean over versions (2.5).
+    assert measured_staleness(metrics) == pytest.approx(1.75)
+    del metrics["data/staleness_hist/07"]
+    assert measured_staleness(metrics) == pytest.approx(2.5)
+    with pytest.raises(ValueError, match="staleness_hist/07"):
+        staleness_histogram(metrics)
+    assert measured_reuse({"data/reuse": rows([(1, 1.0), (2, 2.0), (3, 3.0)])}) == pytest.approx(2.0)
+
+
+def test_spread_counts_seeds_that_never_reached():
+    s = spread([0.5, None, 0.4])
+    assert (s.n, s.runs) == (2, 3)
+    assert s.mean == pytest.approx(0.45) and s.min == 0.4 and s.max == 0.5
+    assert s.std == pytest.approx(math.sqrt(2 * 0.05 ** 2))
+    assert spread([None]).n == 0 and math.isnan(spread([None]).mean)
+
+
+def test_speedup_rows_hand_case():
+    # crossings[value][seed][threshold]; thresholds (T1, T2).
+    crossings = {0.0: [[5, 10], [5, 10]], 2.0: [[10, 20], [13, 25]], 8.0: [[20, 40], [20, None]]}
+    rows_ = {(r.value, r.threshold): r for r in speedup_rows(crossings, 0.0, [1.0, 2.0])}
+    assert rows_[(2.0, 2.0)].speedups.values == (0.5, 0.4)
+    assert rows_[(8.0, 2.0)].speedups.values == (0.25,) and rows_[(8.0, 2.0)].speedups.runs == 2
+    assert rows_[(0.0, 1.0)].speedups.values == (1.0, 1.0)
+    assert rows_[(2.0, 1.0)].versions.mean == 11.5
+    # Baseline 8: at T2 one of its two seeds reached (half: trusted), at T1 both.
+    rows_ = {(r.value, r.threshold): r for r in speedup_rows(crossings, 8.0, [1.0, 2.0])}
+    assert rows_[(0.0, 2.0)].speedups.values == (4.0, 4.0)
+    rows_ = {(r.value, r.threshold): r for r in speedup_rows(crossings, 8.0, [1.0, 2.0], min_reached=0.75)}
+    assert rows_[(0.0, 2.0)].baseline_versions is None and rows_[(0.0, 2.0)].speedups.n == 0
+    with pytest.raises(ValueError, match="one entry per threshold"):
+        speedup_rows(crossings, 0.0, [1.0])
+    with pytest.raises(ValueError, match="baseline value 3"):
+        speedup_rows(crossings, 3.0, [1.0, 2.0])
+
+
+def test_choose_baseline_and_thresholds():
+    assert choose_baseline([8, 0, 2], "smallest") == 0 and choose_baseline([8, 0, 2], "largest") == 8
+    assert choose_baseline([1.0, 2.0, 4.0], "2") == 2.0
+    with pytest.raises(ValueError, match="not a swept value"):
+        choose_baseline([1.0, 2.0], "3")
+    with pytest.raises(ValueError, match="--baseline"):
+        choose_baseline([1.0, 2.0], "middle")
+    # Baseline seeds start at 0.0 and 0.2 (mean 0.1) and peak at 0.9 and 0.7 (mean 0.8).
+    assert default_thresholds([np.array([0.0, 0.9, 0.5]), np.array([np.nan, 0.2, 0.7])], (0.5, 1.0)) == \
+        pytest.approx([0.45, 0.8])
+    with pytest.raises(ValueError, match="never rises"):
+        default_thresholds([np.zeros(5), np.zeros(3)])
+
+
+def test_markdown_table_is_aligned_and_checked():
+    text = markdown_table(["a", "bb"], [[1, "x"], ["long", 2]])
+    assert text.splitlines() == ["| a    | bb |", "|------|----|", "| 1    | x  |", "| long | 2  |"]
+    with pytest.raises(ValueError, match="2 cells"):
+        markdown_table(["a"], [[1, 2]])
+
+
+# --- synthetic run and sweep directories -----------------------------------------------------------------------
+def config(seed: int = 0, queue: int = 0, reuse: float = 1.0, segments: int = 4) -> dict:
+    return {"run_name": f"r{seed}", "runs_dir": "runs", "seed": seed, "env": {"name": "moba", "num_envs": 8},
+            "topology": {"env": 2, "inference": 1, "learner": 2, "evaluator": 0},
+            "pipeline": {"segment_len": 64, "segments_per_batch": segments, "staleness_queue": queue,
+                         "target_reuse": reuse},
+            "ppo": {"epochs": 1}}
+
+
+def write_run(path: Path, cfg: dict, series: dict[str, list[float]]) -> None:
+    """A run directory: config.yaml, meta.json, status.json and metrics.h5 with one row per version 1..N."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (path / "meta.json").write_text("{}")
+    (path / "status.json").write_text('{"state": "finished", "version": %d}' % len(next(iter(series.values()))))
+    with MetricsWriter(path / "metrics.h5", flush_every_s=1e9) as writer:
+        for name, values in series.items():
+            for v, x in enumerate(values, 1):
+                writer.log(name, v, 1000 * v, x, wall_time=T0 + 60.0 * v)
+
+
+def pipeline_series(n: int, staleness: int, reuse: float) -> dict[str, list[float]]:
+    series = {f"data/staleness_hist/{b:02d}": [100.0 if b == staleness else 0.0] * n for b in range(16)}
+    series["data/staleness_mean"] = [float(staleness)] * n
+    series["data/reuse"] = [reuse] * n
+    return series
+
+
+def ramp(n: int, reach: int, cap: float = 0.9) -> list[float]:
+    """0.5 x v / reach, capped: first >= 0.5 at version ``reach`` (never when cap < 0.5), >= 0.25 at ceil(reach/2)."""
+    return [min(0.5 * v / reach, cap) for v in range(1, n + 1)]
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("analysis")
+    n = 30
+    moba = pipeline_series(n, 0, 1.0)
+    moba.update({f"data/staleness_hist/{b:02d}": [30.0 if b == 0 else 10.0 if b == 1 else 0.0] * n
+                 for b in range(16)})
+    moba["data/staleness_mean"] = [0.25] * n
+    moba["data/reuse"] = [1.0 + 0.01 * v for v in range(1, n + 1)]
+    moba["data/rejected_segments"] = [0.0] * (n - 1) + [3.0]
+    moba["eval/games_vs_scripted"] = [20.0] * n
+    moba["eval/win_rate_vs_scripted"] = [min(v // 2, 20) / 20 for v in range(1, n + 1)]
+    moba["perf/env_steps_per_s"] = [1000.0 + v for v in range(1, n + 1)]
+    moba["perf/learner_samples_per_s"] = [500.0] * n
+    moba["perf/inference_batch"] = [16.0] * n
+    moba["perf/inference_ms"] = [0.0] * 16 + [2.5] * (n - 16)  # 0: no inference report yet (left out)
+    moba["perf/env_steps"] = [1000.0 * v for v in range(1, n + 1)]
+    moba["perf/wall_seconds"] = [60.0 * v for v in range(1, n + 1)]
+    write_run(root / "moba_run", config(), moba)
+    gym = pipeline_series(10, 1, 1.0)
+    gym["stats/episode_return"] = [float(v) for v in range(10)]
+    gym["perf/env_steps_per_s"] = [200.0] * 10
+    write_run(root / "gym_run", config(), gym)
+    rated = dict(moba)
+    rated["eval/trueskill/policy"] = [5.0 * v for v in range(1, n + 1)]
+    rated["eval/trueskill/scripted"] = [40.0] * n
+    write_run(root / "rated_run", config(), rated)
+
+    # A staleness sweep (queue 0, 2, 8; two seeds): first >= 0.5 at versions 10, 10 | 20, 25 | 40, never.
+    sweep = root / "ablation_staleness"
+    sweep.mkdir()
+    reach = {0: (10, 10), 2: (20, 25), 8: (40, 40)}
+    lines, number = [], 0
+    for queue, seeds in reach.items():
+        for seed, r in enumerate(seeds):
+            series = pipeline_series(60, queue, 1.0)
+            series["eval/win_rate_vs_scripted"] = ramp(60, r, cap=0.3 if (queue, seed) == (8, 1) else 0.9)
+            series["eval/games_vs_scripted"] = [20.0] * 60
+            write_run(sweep / str(number), config(seed, queue=queue), series)
+            lines.append(f"{number}\tpipeline.staleness_queue={queue} seed={seed}")
+            number += 1
+    lines.append("9\tpipeline.staleness_queue=2 seed=2")  # a member that never started: skipped with a note
+    (sweep / "index.tsv").write_text("\n".join(lines) + "\n")
+
+    # A batch-size sweep (segments 1, 2, 4; one seed): first >= 0.5 at versions 40, 20, 16.
+    batch = root / "ablation_batch_size"
+    batch.mkdir()
+    for number, (segments, r) in enumerate([(1, 40), (2, 20), (4, 16)]):
+        series = pipeline_series(50, 0, 1.0)
+        series["stats/episode_return"] = ramp(50, r)
+        write_run(batch / str(number), config(0, segments=segments), series)
+    (batch / "index.tsv").write_text("".join(f"{i}\tpipeline.segments_per_batch={s}\n"
+                                             for i, s in enumerate([1, 2, 4])))
+    return {"root": root, "moba": root / "moba_run", "gym": root / "gym_run", "rated": root / "rated_run",
+            "staleness": sweep, "batch": batch}
+
+
+def run_script(name: str, *args, ok: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, str(ROOT / "analysis" / f"{name}.py"), *map(str, args)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    if ok:
+        assert out.returncode == 0, f"{name} failed:\n{out.stdout}\n{out.stderr}"
+    return out
+
+
+def table(path: Path) -> list[dict[str, str]]:
+    lines = [ln for ln in path.read_text().splitlines() if ln.startswith("|")]
+    cells = lambda ln: [c.strip() for c in ln.strip().strip("|").split("|")]  # noqa: E731
+    return [dict(zip(cells(lines[0]), cells(ln))) for ln in lines[2:]]
+
+
+def png_ok(path: Path) -> None:
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+# --- the scripts ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_help(name):
+    out = run_script(name, "--help")
+    assert "RUN_OR_SWEEP_DIR" in out.stdout and "--out" in out.stdout
+
+
+def test_curves(dirs, tmp_path):
+    out = run_script("curves", dirs["moba"], dirs["gym"], dirs["staleness"], "--out", tmp_path)
+    png_ok(tmp_path / "curves.png")
+    rows = {r["run"]: r for r in table(tmp_path / "curves.md")}
+    assert rows["moba_run"]["last version"] == "30" and float(rows["moba_run"]["final"]) == 0.75
+    assert rows["moba_run"]["best at version"] == "30" and float(rows["moba_run"]["wall time (minutes)"]) == 29.0
+    assert float(rows["ablation_staleness/0"]["best"]) == 0.9  # the ramp capped at 0.9 from version 18
+    assert rows["ablation_staleness/0"]["best at version"] == "18"
+    assert "gym_run" not in rows and "gym_run has no eval/win_rate_vs_scripted" in out.stdout
+    assert "ablation_staleness/9" not in rows and "TrueSkill plot skipped" in out.stdout
+    assert not (tmp_path / "trueskill.png").exists()
+    run_script("curves", dirs["gym"], "--smooth", 3, "--out", tmp_path / "gym")
+    gym = table(tmp_path / "gym" / "curves.md")[0]
+    assert float(gym["final"]) == pytest.approx(8.0)  # mean of returns 7, 8, 9
+
+
+def test_curves_prefers_trueskill(dirs, tmp_path):
+    assert default_metric(load_runs([dirs["rated"], dirs["moba"]])) == "eval/trueskill/policy"
+    run_script("curves", dirs["rated"], "--out", tmp_path)
+    png_ok(tmp_path / "trueskill.png")
+    row = table(tmp_path / "curves.md")[0]
+    assert "eval/trueskill/policy" in (tmp_path / "curves.md").read_text() and float(row["final"]) == 150.0
+
+
+def test_win_rate(dirs, tmp_path):
+    run_script("win_rate", dirs["moba"], "--rows", 3, "--out", tmp_path)
+    png_ok(tmp_path / "win_rate.png")
+    rows = table(tmp_path / "win_rate.md")
+    assert [r["version"] for r in rows] == ["1", "15", "30"]  # rows 0, 14.5 -> 14 (to even), 29
+    last = rows[-1]
+    assert (last["games"], last["wins"], float(last["win rate"])) == ("20", "15", 0.75)
+    low, high = wilson_by_scan(15, 20)
+    assert float(last["ci low"]) == pytest.approx(low, abs=1e-3)
+    assert float(last["ci high"]) == pytest.approx(high, abs=1e-3)
+    out = run_script("win_rate", dirs["gym"], "--out", tmp_path / "gym")
+    assert "nothing written" in out.stdout and not (tmp_path / "gym" / "win_rate.png").exists()
+
+
+def test_data_quality(dirs, tmp_path):
+    run_script("data_quality", dirs["moba"], dirs["staleness"], "--out", tmp_path)
+    png_ok(tmp_path / "data_quality.png")
+    rows = {r["run"]: r for r in table(tmp_path / "data_quality.md")}
+    moba = rows["moba_run"]
+    assert moba["samples"] == "1200" and float(moba["staleness mean"]) == 0.25
+    assert float(moba["p(0)"]) == 0.75 and float(moba["p(1-7)"]) == 0.25 and float(moba["p(>=8)"]) == 0
+    assert float(moba["reuse mean"]) == pytest.approx(1.155, abs=1e-3) and float(moba["reuse last"]) == 1.3
+    assert moba["rejected segments"] == "3"
+    queue8 = rows["ablation_staleness/4"]
+    assert float(queue8["staleness mean"]) == 8 and float(queue8["p(>=8)"]) == 1
+
+
+def test_throughput(dirs, tmp_path):
+    run_script("throughput", dirs["moba"], dirs["gym"], "--out", tmp_path)
+    png_ok(tmp_path / "throughput.png")
+    rows = {r["run"]: r for r in table(tmp_path / "throughput.md")}
+    assert float(rows["moba_run"]["env steps/s"]) == 1015.5  # median of 1001..1030
+    assert float(rows["moba_run"]["inference ms"]) == 2.5 and rows["moba_run"]["env steps"] == "30000"
+    assert float(rows["gym_run"]["env steps/s"]) == 200 and rows["gym_run"]["inference batch"] == "-"
+
+
+def test_speedup_staleness_sweep(dirs, tmp_path):
+    out = run_script("speedup", dirs["staleness"], "--thresholds", 0.25, 0.5, "--out", tmp_path)
+    png_ok(tmp_path / "speedup_ablation_staleness.png")
+    assert "ablation_staleness/9 has no metrics.h5; member skipped" in out.stdout
+    rows = {(float(r["pipeline.staleness_queue"]), float(r["threshold"])): r
+            for r in table(tmp_path / "speedup_ablation_staleness.md")}
+    q2 = rows[(2, 0.5)]
+    assert q2["reached"] == "2/2" and float(q2["baseline versions"]) == 10
+    assert float(q2["speedup mean"]) == pytest.approx(0.45) and float(q2["speedup min"]) == 0.4
+    assert float(q2["speedup max"]) == 0.5 and float(q2["speedup std"]) == pytest.approx(0.0707, abs=1e-3)
+    q8 = rows[(8, 0.5)]
+    assert q8["reached"] == "1/2" and float(q8["speedup mean"]) == 0.25
+    assert float(q8["staleness measured"]) == 8 and float(q8["reuse measured"]) == 1
+    # At T = 0.25 the queue-2 seeds reach at versions 10 and 13 (ceil(25 / 2)), the baseline at 5.
+    assert float(rows[(2, 0.25)]["versions mean"]) == 11.5
+    assert float(rows[(0, 0.5)]["speedup mean"]) == 1.0
+    assert float(rows[(0, 0.5)]["batch (env steps)"]) == 4 * 2 * 64 * 8
+
+
+def test_speedup_baseline_flag_default_thresholds_and_errors(dirs, tmp_path):
+    run_script("speedup", dirs["staleness"], "--thresholds", 0.5, "--baseline", "largest", "--out", tmp_path)
+    rows = {float(r["pipeline.staleness_queue"]): r for r in table(tmp_path / "speedup_ablation_staleness.md")}
+    assert float(rows[0]["speedup mean"]) == 4.0  # the queue-8 seed that reached took 40 versions, queue 0 took 10
+    # Batch sweep: default thresholds from the baseline (segments 1, ramp to version 40 over 50 versions): start
+    # 0.5 / 40 = 0.0125, best 0.5 x 50 / 40 = 0.625.
+    out = run_script("speedup", dirs["batch"], "--out", tmp_path)
+    assert "batch_size (pipeline.segments_per_batch)" in out.stdout and "stats/episode_return" in out.stdout
+    rows = table(tmp_path / "speedup_ablation_batch_size.md")
+    thresholds = [0.0125 + f * (0.625 - 0.0125) for f in (0.25, 0.5, 0.75)]
+    assert sorted({float(r["threshold"]) for r in rows}) == pytest.approx(thresholds, abs=1e-3)
+    for t in thresholds:
+        (row,) = [r for r in rows if r["pipeline.segments_per_batch"] == "4" and abs(float(r["threshold"]) - t) < 1e-3]
+        # The ramp to version ``reach`` first reaches t at ceil(2 t reach).
+        assert float(row["speedup mean"]) == pytest.approx(math.ceil(2 * t * 40) / math.ceil(2 * t * 16), abs=1e-3)
+    png_ok(tmp_path / "speedup_ablation_batch_size.png")
+    bad = run_script("speedup", dirs["moba"], "--out", tmp_path, ok=False)
+    assert bad.returncode == 2 and "not a sweep directory" in bad.stderr
+    bad = run_script("speedup", dirs["staleness"], "--baseline", "3", "--out", tmp_path, ok=False)
+    assert bad.returncode == 2 and "not a swept value" in bad.stderr
+
+
+def test_swept_key_detection(dirs):
+    runs = load_runs([dirs["staleness"]])
+    assert swept_key(runs) == "pipeline.staleness_queue"
+    assert len(runs) == 6  # member 9 never started
+    with pytest.raises(ValueError, match="cannot tell"):
+        swept_key(load_runs([dirs["moba"], dirs["gym"]]))

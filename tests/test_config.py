@@ -1,0 +1,68 @@
+"""Configs fail with a clear message when composed, before any rank starts work."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from hpc_rl.config import TrainConfig, build_config, register
+from hpc_rl.launch import mpirun_command, rank_env
+
+ROOT = Path(__file__).resolve().parent.parent
+register()
+
+
+def _compose(*overrides: str) -> TrainConfig:
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return build_config(compose(config_name="train", overrides=list(overrides)))
+
+
+def test_default_config_is_moba_1v1_on_six_ranks():
+    cfg = _compose()
+    assert cfg.env.name == "moba" and cfg.env.moba.team_size == 1
+    assert cfg.topology.world_size == 6
+    assert cfg.ppo.epochs == 1  # sample reuse 1 by default
+
+
+@pytest.mark.parametrize("override, message", [
+    ("env.name=starcraft", "env.name must be 'moba' or 'gym:<id>'"),
+    ("ppo.lr.start=-0.001", "learning rate must be >= 0"),
+    ("pipeline.segment_len=40", "multiple of model.chunk_len"),
+    ("pipeline.target_reuse=0.5", "target_reuse must be >= 1"),
+    ("topology.learner=0", "topology.learner must be >= 1"),
+    ("ppo.lam=1.5", "lam must lie in"),
+    ("pipeline.allreduce=nccl", "pipeline.allreduce must be one of"),
+    ("topology.evaluator=1", "topology.evaluator must be 0"),
+])
+def test_bad_values_fail_at_compose_time(override, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _compose(override)
+
+
+def test_config_hash_ignores_run_name_but_not_learning_settings():
+    a, b = _compose("run_name=a"), _compose("run_name=b")
+    assert a.config_hash() == b.config_hash()
+    assert a.config_hash() != _compose("ppo.lam=0.9").config_hash()
+
+
+def test_experiment_preset_composes_across_groups():
+    cfg = _compose("experiment=cartpole")
+    assert cfg.env.name == "gym:CartPole-v1" and cfg.ppo.num_minibatches == 8 and cfg.ppo.lr(0) == 1e-3
+
+
+def test_bad_config_from_the_command_line_fails_before_mpi_starts(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "jobs/train.py"), "ppo.lr.start=-1", f"runs_dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "learning rate must be >= 0" in out.stderr
+    assert not any(tmp_path.iterdir())  # nothing was written
+
+
+@pytest.mark.mpi
+def test_wrong_world_size_is_a_clear_error_on_every_rank(tmp_path):
+    out = subprocess.run(mpirun_command(3, [str(ROOT / "jobs/train.py"), f"runs_dir={tmp_path}"]),
+                         capture_output=True, text=True, timeout=180, env=rank_env())
+    assert out.returncode != 0
+    assert "the topology needs 6 ranks" in out.stdout + out.stderr and "has 3" in out.stdout + out.stderr
+    assert not (tmp_path / "default").exists()

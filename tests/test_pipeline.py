@@ -1,0 +1,167 @@
+"""The distributed pipeline with real ranks: learner equivalence, exactly-once accounting, failures, learning."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpc_rl.launch import mpirun_command, rank_env
+from hpc_rl.storage import open_run
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(900)]
+
+# A small, quick CartPole job: 6 ranks, short segments.
+SMALL = ["env=cartpole", "env.num_envs=4", "pipeline.segment_len=32", "pipeline.segments_per_batch=2",
+         "ppo.num_minibatches=2"]
+
+
+def _json_line(stdout: str) -> dict:
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+
+@pytest.mark.parametrize("allreduce", ["horovod", "mpi"])
+def test_two_learners_make_the_update_of_one_learner_on_twice_the_batch(mpi, allreduce):
+    out = mpi(2, ["tests/mpi_programs/learner_equivalence.py", allreduce], timeout=240)
+    result = _json_line(out.stdout)
+    assert result["learner_max_diff"] == 0.0
+    assert result["single_max_diff"] <= 1e-5
+    assert result["moved"] > 1e-3 and result["normaliser_moved"] > 1e-3  # the update and the normaliser did move
+
+
+def test_nonfinite_loss_on_one_learner_is_skipped_on_every_learner(mpi):
+    reports = _json_line_list(mpi(2, ["tests/mpi_programs/learner_nonfinite.py"], timeout=240).stdout)
+    for r in reports:
+        assert r["skipped"] == [0.0, 4.0, 0.0]  # every step of the poisoned update (2 epochs x 2 minibatches)
+        assert r["changed"] == [True, False, True]
+        assert r["finite"] and r["equal"]
+
+
+def _json_line_list(stdout: str) -> list:
+    return json.loads([line for line in stdout.splitlines() if line.startswith("[")][-1])
+
+
+class Job:
+    """A training job running in the background, its output collected line by line."""
+
+    def __init__(self, cmd: list[str], cwd: Path):
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                                     env=rank_env(), start_new_session=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"never saw {text!r}; output:\n{self.output}")
+            time.sleep(0.5)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"job still running after {timeout}s; output:\n{self.output}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _train_cmd(launcher: str, runs: Path, name: str, extra: list[str]) -> list[str]:
+    args = [str(ROOT / "jobs/train.py"), f"run_name={name}", f"runs_dir={runs}", *SMALL, *extra]
+    if launcher == "mpirun":
+        return mpirun_command(6, args)
+    return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", "--ntasks=6", sys.executable, "-m", "mpi4py", *args]
+
+
+def _rank_pid(run_dir: Path, rank: int) -> int:
+    for line in (run_dir / "logs" / f"rank_{rank}.log").read_text().splitlines():
+        if " pid " in line:
+            return int(line.split(" pid ")[1].split()[0].rstrip(","))
+    raise AssertionError(f"rank {rank} logged no pid")
+
+
+def test_every_segment_produced_is_consumed_exactly_once_or_left_at_stop(tmp_path):
+    job = Job(_train_cmd("mpirun", tmp_path, "once", ["pipeline.max_versions=8", "pipeline.ring_slots=2"]), tmp_path)
+    assert job.wait(300) == 0, job.output
+    acc = json.loads((tmp_path / "once" / "accounting.json").read_text())
+    produced = [tuple(x) for x in acc["produced"]]
+    consumed = [tuple(x) for x in acc["consumed"]]
+    left = [tuple(x) for x in acc["left"]]
+    assert acc["version"] == 8
+    assert len(consumed) == 8 * 2 * 2  # versions x learners x segments per batch
+    assert len(set(produced)) == len(produced) and len(set(consumed)) == len(consumed)
+    assert set(consumed) | set(left) == set(produced) and not set(consumed) & set(left)
+    run = open_run(tmp_path / "once")
+    assert run.checkpoint_versions[-1] == 8
+    reuse = run.metrics["data/reuse"]["value"]
+    assert np.all(reuse <= 1.0 + 1e-9)  # consumed / produced never exceeds the target of 1
+    assert list(run.metrics["train/policy_loss"]["version"]) == list(range(1, 9))
+    assert run.meta["transport"]["backend"] in ("rma", "twosided")
+
+
+def _failure(launcher: str, tmp_path: Path, what: str) -> None:
+    name = f"{what}_{launcher}"
+    job = Job(_train_cmd(launcher, tmp_path, name, ["pipeline.max_versions=100000", "pipeline.heartbeat_timeout_s=15"]),
+              tmp_path)
+    job.wait_for("v    2", timeout=240)
+    run_dir = tmp_path / name
+    if what == "kill_env":
+        os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
+    else:
+        pid = _rank_pid(run_dir, 3)
+        os.kill(pid, signal.SIGSTOP)
+    start = time.monotonic()
+    code = job.wait(90)
+    elapsed = time.monotonic() - start
+    if what == "stop_inference":
+        os.kill(pid, signal.SIGKILL) if Path(f"/proc/{pid}").exists() else None
+        assert "rank 3 (inference[0]) has sent nothing" in job.output, job.output
+    assert code != 0
+    assert elapsed < 60, f"the job took {elapsed:.0f}s to end"
+
+
+@pytest.mark.parametrize("what", ["kill_env", "stop_inference"])
+def test_failed_rank_ends_the_job_under_mpirun(tmp_path, what):
+    _failure("mpirun", tmp_path, what)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("what", ["kill_env", "stop_inference"])
+def test_failed_rank_ends_the_job_under_srun(slurm_cluster, tmp_path, what):
+    _failure("srun", tmp_path, what)
+
+
+def test_distributed_job_learns_cartpole(tmp_path):
+    from hpc_rl.evaluation import evaluate_return, load_policy
+
+    cmd = mpirun_command(6, [str(ROOT / "jobs/train.py"), "experiment=cartpole", "run_name=cartpole",
+                             f"runs_dir={tmp_path}", "pipeline.max_versions=300"])
+    job = Job(cmd, tmp_path)
+    assert job.wait(600) == 0, job.output
+    policy, config, version = load_policy(tmp_path / "cartpole")
+    assert version == 300
+    returns = evaluate_return(policy, config, episodes=20, seed=2024)
+    assert returns.mean() >= 475, f"greedy evaluation returns {returns}"
+    metrics = open_run(tmp_path / "cartpole").metrics
+    assert np.all(metrics["data/reuse"]["value"] <= 1.1)

@@ -1,0 +1,154 @@
+"""The serial runner's pieces: segments with stored LSTM states, the learner's update, and lockstep learners."""
+
+import copy
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from hpc_rl.algo.bptt import from_chunks, to_chunks
+from hpc_rl.algo.normalizer import NormStats
+from hpc_rl.algo.schedules import constant
+from hpc_rl.envs.gym_adapter import GymVecEnv
+from hpc_rl.model import ModelConfig, Policy
+from hpc_rl.runner import Batch, Learner, PPOConfig, RunnerConfig, SerialRunner
+
+MODEL = ModelConfig(lstm_size=16, embed_size=16)
+PPO = PPOConfig(lr=constant(1e-3), gamma=constant(0.98), lam=0.8, epochs=2, num_minibatches=2)
+
+
+def make_runner(num_envs=4, seed=0):
+    return SerialRunner(GymVecEnv("CartPole-v1", num_envs), RunnerConfig(num_envs=num_envs, segment_len=64, seed=seed,
+                                                                         log_every=0, device="cpu"), PPO, MODEL)
+
+
+def replay(policy: Policy, batch: Batch):
+    """The learner's view: every 16-step chunk unrolled from its stored state, with the behaviour's actions."""
+    n = batch.chunk_h.shape[0]
+    step = policy({k: to_chunks(v, 16) for k, v in batch.obs.items()}, to_chunks(batch.hero, 16),
+                  to_chunks(batch.starts, 16),
+                  (batch.chunk_h.reshape(-1, MODEL.lstm_size), batch.chunk_c.reshape(-1, MODEL.lstm_size)),
+                  actions={k: to_chunks(v, 16) for k, v in batch.actions.items()})
+    return from_chunks(step.logp, n), from_chunks(step.value, n)
+
+
+def test_chunks_from_stored_states_recompute_the_behaviour_policy_exactly():
+    runner = make_runner()
+    runner.collect()  # a second segment starts from a carried, non-zero LSTM state
+    batch = runner.collect()
+    assert batch.starts.any() and batch.done.any()
+    assert batch.chunk_h[0].abs().sum() > 0
+    with torch.no_grad():
+        logp, value = replay(runner.policy, batch)
+    torch.testing.assert_close(logp, batch.logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(value, batch.value, rtol=1e-5, atol=1e-5)
+    # starts[t] is done[t−1] inside the segment: the state is reset exactly where a game ended.
+    assert torch.equal(batch.starts[1:], batch.done[:-1])
+    # Zeroing the stored states changes the replay where no reset happened before the chunk's first steps.
+    with torch.no_grad():
+        zero = Batch(**{**batch.__dict__, "chunk_h": torch.zeros_like(batch.chunk_h),
+                        "chunk_c": torch.zeros_like(batch.chunk_c)})
+        assert not torch.allclose(replay(runner.policy, zero)[1], batch.value, atol=1e-5)
+
+
+def test_update_trains_and_ships_the_normaliser():
+    runner = make_runner()
+    batch = runner.collect()
+    before = [p.detach().clone() for p in runner.policy.parameters()]
+    metrics = runner.learner.update(batch)
+    assert runner.learner.version == 1
+    assert all(np.isfinite(v) for v in metrics.values())
+    assert metrics["train/approx_kl"] >= 0 and metrics["train/nonfinite_skipped"] == 0
+    assert metrics["perf/samples"] == 4 * 64
+    assert any(not torch.equal(a, b) for a, b in zip(before, runner.policy.parameters()))
+    stats = NormStats.of(batch.obs["global"].numpy())
+    norm = runner.learner.normalizers["global"]
+    assert norm.stats.count == 256
+    np.testing.assert_allclose(norm.stats.mean, stats.mean, rtol=1e-6)
+    np.testing.assert_allclose(runner.policy.obs_mean_0.numpy(), stats.mean, rtol=1e-5)
+    # The next segment is played with the shipped normaliser: behaviour = learner's view again.
+    batch = runner.collect()
+    assert (batch.version == 1).all()
+    with torch.no_grad():
+        torch.testing.assert_close(replay(runner.policy, batch)[0], batch.logp, rtol=1e-5, atol=1e-5)
+
+
+class ThreadAllreduce:
+    """An allreduce (sum) among threads, standing in for the learners' communicator."""
+
+    def __init__(self, size: int):
+        self.barrier = threading.Barrier(size)
+        self.slots = [None] * size
+
+    def for_rank(self, rank: int):
+        def allreduce_sum(x: torch.Tensor) -> torch.Tensor:
+            self.slots[rank] = x.clone()
+            self.barrier.wait()
+            total = sum(self.slots[1:], self.slots[0].clone())
+            self.barrier.wait()
+            return total
+        return allreduce_sum
+
+
+def split(batch: Batch, half: int) -> Batch:
+    cols = slice(0, 4) if half == 0 else slice(4, 8)
+    fields = {}
+    for key, value in batch.__dict__.items():
+        if isinstance(value, dict):
+            fields[key] = {k: v[:, cols] for k, v in value.items()}
+        elif key == "bootstrap_value":
+            fields[key] = value[cols]
+        else:
+            fields[key] = value[:, cols]
+    return Batch(**fields)
+
+
+def test_two_lockstep_learners_stay_identical_and_share_statistics():
+    batch = make_runner(num_envs=8, seed=3).collect()
+    comm = ThreadAllreduce(2)
+    learners = []
+    for rank in range(2):
+        torch.manual_seed(11)
+        learners.append(Learner(Policy(make_runner().spec, MODEL), PPO, comm.for_rank(rank), world_size=2,
+                                seed=rank))
+    threads = [threading.Thread(target=learners[r].update, args=(split(batch, r),)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert all(learner.version == 1 for learner in learners)
+    for a, b in zip(learners[0].policy.parameters(), learners[1].policy.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # Both normalisers hold the statistics of the whole batch, not of their half.
+    whole = NormStats.of(batch.obs["global"].numpy())
+    for learner in learners:
+        assert learner.normalizers["global"].stats.count == whole.count
+        np.testing.assert_allclose(learner.normalizers["global"].stats.mean, whole.mean, rtol=1e-6)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="multiple"):
+        SerialRunner(GymVecEnv("CartPole-v1", 2), RunnerConfig(num_envs=2, segment_len=40, device="cpu"), PPO, MODEL)
+    with pytest.raises(ValueError, match="num_envs"):
+        SerialRunner(GymVecEnv("CartPole-v1", 2), RunnerConfig(num_envs=3, device="cpu"), PPO, MODEL)
+    with pytest.raises(ValueError, match="epochs"):
+        PPOConfig(epochs=0)
+
+
+def test_learner_state_round_trip_continues_identically():
+    runner = make_runner()
+    runner.learner.update(runner.collect())
+    batch = runner.collect()
+    saved = copy.deepcopy(runner.learner.state_dict())
+    torch.manual_seed(99)
+    restored = Learner(Policy(runner.spec, MODEL), PPO, seed=12345)
+    restored.load_state_dict(saved)
+    assert restored.version == 1 and restored.clip.step == runner.learner.clip.step
+    runner.learner.update(batch)
+    restored.update(batch)
+    for a, b in zip(runner.policy.parameters(), restored.policy.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    np.testing.assert_array_equal(restored.normalizers["global"].stats.mean,
+                                  runner.learner.normalizers["global"].stats.mean)

@@ -1,0 +1,73 @@
+"""Segments on the wire: pack/unpack round trip, and malformed segments refused before training."""
+
+import numpy as np
+import pytest
+import torch
+
+from hpc_rl.envs.moba import MobaConfig, MobaEnv
+from hpc_rl.model.config import ModelConfig
+from hpc_rl.roles.segments import SegmentError, SegmentShape, concat, pack_segment, unpack_segment, validate
+from hpc_rl.runner import RunnerConfig, SerialRunner
+
+MODEL = ModelConfig(lstm_size=16, embed_size=8)
+
+
+@pytest.fixture(scope="module")
+def real_batch():
+    runner = SerialRunner(MobaEnv(MobaConfig(), 2), RunnerConfig(num_envs=2, segment_len=32, log_every=0),
+                          model=MODEL)
+    return runner.collect()
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_round_trip(real_batch, fp16):
+    shape = SegmentShape(MobaConfig().spec(), 4, 32, MODEL.chunk_len, MODEL.lstm_size, fp16)
+    layout = shape.layout()
+    payload = pack_segment(layout, real_batch, env_rank=3, seq=17)
+    batch, env_rank, seq = unpack_segment(layout, payload)
+    assert (env_rank, seq) == (3, 17)
+    assert torch.equal(batch.actions["target"], real_batch.actions["target"])
+    assert torch.equal(batch.logp, real_batch.logp) and torch.equal(batch.chunk_h, real_batch.chunk_h)
+    tol = 1e-2 if fp16 else 0.0
+    for key, value in real_batch.obs.items():
+        assert torch.allclose(batch.obs[key].float(), value.float(), atol=tol, rtol=tol), key
+    validate(batch, shape.spec, max_version=0)
+    assert concat([batch, batch]).hero.shape == (32, 8)
+
+
+def _damaged(batch, what):
+    b = unpack_segment(*_packed(batch))[0]
+    if what == "nan":
+        b.value[3, 1] = float("nan")
+    elif what == "illegal_action":
+        masked = (~b.obs["action_mask"]).nonzero()
+        t, a, action = masked[0].tolist()
+        b.actions["action"][t, a] = action
+        b.weight[t, a] = 1.0
+    elif what == "out_of_range":
+        b.actions["action"][0, 0] = 99
+    elif what == "future_version":
+        b.version[:] = 5
+    elif what == "weight":
+        b.weight[0, 0] = 2.0
+    return b
+
+
+def _packed(batch):
+    layout = SegmentShape(MobaConfig().spec(), 4, 32, MODEL.chunk_len, MODEL.lstm_size).layout()
+    return layout, pack_segment(layout, batch, 0, 1)
+
+
+@pytest.mark.parametrize("what, message", [("nan", "non-finite"), ("illegal_action", "illegal"),
+                                           ("out_of_range", "out of range"), ("future_version", "beyond the learner"),
+                                           ("weight", "weights outside")])
+def test_malformed_segments_are_refused(real_batch, what, message):
+    with pytest.raises(SegmentError, match=message):
+        validate(_damaged(real_batch, what), MobaConfig().spec(), max_version=0)
+
+
+def test_short_payload_is_refused(real_batch):
+    layout, payload = _packed(real_batch)
+    with pytest.raises(SegmentError, match="bytes"):
+        unpack_segment(layout, payload[: layout.nbytes // 2])
+    assert np.asarray(payload).dtype == np.uint8

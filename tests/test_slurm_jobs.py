@@ -1,0 +1,109 @@
+"""slurm/train.sbatch and slurm/sweep.sbatch on the local cluster, and preemption: USR2 -> checkpoint -> requeue."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpc_rl.launch import rank_env
+from hpc_rl.slurm import job_states, wait_for_jobs
+from hpc_rl.storage import open_run, read_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(900)]
+QUICK = ["experiment=cartpole", "env.num_envs=4", "pipeline.checkpoint_every=2", "pipeline.heartbeat_timeout_s=120"]
+
+
+def _sbatch(args: list[str]) -> str:
+    out = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, cwd=ROOT,
+                         env=rank_env(), timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def test_train_sbatch_runs_one_job(slurm_cluster, tmp_path):
+    job = _sbatch([f"--output={tmp_path}/%j.out", "slurm/train.sbatch", "run_name=one", f"runs_dir={tmp_path}",
+                   *QUICK, "pipeline.max_versions=4"])
+    states = wait_for_jobs([job], timeout=300)
+    log = next(tmp_path.glob("*.out")).read_text()
+    assert set(states.values()) == {"COMPLETED"}, log
+    run = open_run(tmp_path / "one")
+    assert json.loads((tmp_path / "one" / "status.json").read_text())["state"] == "finished"
+    assert run.checkpoint_versions[-1] == 4
+    assert run.meta["slurm"]["SLURM_JOB_ID"] == job and run.meta["world_size"] == 6
+
+
+def _version(run_dir: Path) -> int:
+    try:
+        series = read_metrics(run_dir / "metrics.h5").get("train/policy_loss")
+    except OSError:  # the writer is adding a series right now
+        return 0
+    return int(series["version"][-1]) if series is not None and len(series) else 0
+
+
+def test_preempted_sweep_member_requeues_resumes_and_finishes(slurm_cluster, tmp_path):
+    members = tmp_path / "members.txt"
+    members.write_text("seed=0\nseed=1\n")
+    sweep = f"sweep_{tmp_path.name}"
+    job = _sbatch(["--array=0-1", f"--output={tmp_path}/%A_%a.out", "slurm/sweep.sbatch", str(members), sweep,
+                   *QUICK, "pipeline.max_versions=30"])
+    runs = ROOT / "runs" / sweep
+    try:
+        deadline = time.monotonic() + 300
+        while _version(runs / "1") < 6:
+            assert time.monotonic() < deadline, f"member 1 never reached version 6: {job_states(job)}"
+            time.sleep(1)
+        subprocess.run(["scancel", "--signal=USR2", f"{job}_1"], check=True, timeout=30)
+        states = wait_for_jobs([job], timeout=600)
+        assert set(states.values()) == {"COMPLETED"}, states
+        preempted, sibling = open_run(runs / "1"), open_run(runs / "0")
+        assert preempted.meta["resumed_from"] >= 6
+        assert preempted.meta["slurm"].get("SLURM_RESTART_COUNT") == "1"
+        assert sibling.meta["resumed_from"] == -1 and sibling.meta["slurm"].get("SLURM_RESTART_COUNT", "0") == "0"
+        for run in (preempted, sibling):
+            versions = run.metrics["train/policy_loss"]["version"]
+            assert list(versions) == list(range(1, 31)), versions  # continuous: nothing lost, nothing twice
+            assert run.checkpoint_versions[-1] == 30
+        out = (tmp_path / f"{job}_1.out").read_text()
+        assert "stopping at version" in out and "requeued Slurm job" in out
+        index = (runs / "index.tsv").read_text().splitlines()
+        assert sorted(line.split("\t")[0] for line in index) == ["0", "1"]
+        assert np.isfinite(preempted.metrics["train/value_loss"]["value"]).all()
+    finally:
+        subprocess.run(["scancel", job], timeout=30)
+        subprocess.run(["rm", "-rf", str(runs)], timeout=30)
+
+
+def _multirun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "jobs/train.py"), "-m", "hydra/launcher=local_slurm",
+                           f"hydra.sweep.dir={tmp_path}/sweep", f"runs_dir={tmp_path}/sweep", "run_name=${hydra:job.num}",
+                           *overrides], capture_output=True, text=True, cwd=ROOT, env=rank_env(), timeout=900)
+
+
+def test_bad_sweep_member_fails_before_submission(slurm_cluster, tmp_path):
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    out = _multirun(tmp_path, "ppo.lr.start=0.001,-1")
+    assert out.returncode != 0
+    assert "sweep member #1" in out.stderr and "learning rate must be >= 0" in out.stderr
+    assert not (tmp_path / "sweep" / ".submitit").exists()
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+
+
+def test_hydra_sweep_runs_as_one_array_job_of_training_runs(slurm_cluster, tmp_path):
+    out = _multirun(tmp_path, *QUICK, "pipeline.max_versions=3", "seed=0,1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    sweep = tmp_path / "sweep"
+    jobs = set()
+    for member in ("0", "1"):
+        run = open_run(sweep / member)
+        assert run.checkpoint_versions[-1] == 3
+        assert run.config["seed"] == int(member)
+        jobs.add(run.meta["slurm"]["SLURM_ARRAY_JOB_ID"])
+        assert run.meta["world_size"] == 6
+    assert len(jobs) == 1
+    index = dict(line.split("\t", 1) for line in (sweep / "index.tsv").read_text().splitlines())
+    assert set(index) == {"0", "1"} and "seed=1" in index["1"]
