@@ -50,6 +50,31 @@ SELF=$(readlink -f "$0")
 die() { echo "local_cluster: $*" >&2; exit 1; }
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# The settings both modes share. No cgroups in containers: processes are tracked by parentage and nothing is
+# bound; nodes declare more CPUs than the machine has (config_overrides trusts the declaration); no accounting.
+common_conf() {
+  cat <<'EOF'
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+SchedulerType=sched/backfill
+MpiDefault=none
+ReturnToService=2
+JobRequeue=1
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+MinJobAge=300
+EOF
+}
+
 write_conf() {
   if [ -f "$CONF" ] && ! grep -qF "$MARK" "$CONF"; then
     die "$CONF exists and was not written by this script; refusing to overwrite a site's Slurm configuration"
@@ -61,33 +86,14 @@ write_conf() {
 $MARK
 ClusterName=hpcrl
 SlurmctldHost=$HOST
-SlurmUser=root
-AuthType=auth/munge
-CredType=cred/munge
-# No cgroups in containers: track processes by parentage, bind nothing.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-# The node declares $CPUS CPUs on a machine with fewer: trust the declaration.
-SlurmdParameters=config_overrides
-SchedulerType=sched/backfill
-MpiDefault=none
-ReturnToService=2
-JobRequeue=1
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
+$(common_conf)
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/d
 SlurmctldPidFile=$STATE/slurmctld.pid
 SlurmdPidFile=$STATE/slurmd.pid
 SlurmctldLogFile=$LOGDIR/slurmctld.log
 SlurmdLogFile=$LOGDIR/slurmd.log
-SlurmctldTimeout=30
-SlurmdTimeout=30
-InactiveLimit=0
 KillWait=10
-MinJobAge=300
 NodeName=$HOST CPUs=$CPUS RealMemory=$mem State=UNKNOWN
 PartitionName=$PARTITION Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
@@ -179,30 +185,14 @@ ClusterName=hpcrlmh
 SlurmctldHost=$HOST($MH_SUBNET.254)
 SlurmctldPort=${MH_PORTS[0]}
 SlurmdPort=${MH_PORTS[1]}
-SlurmUser=root
-AuthType=auth/munge
-CredType=cred/munge
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SlurmdParameters=config_overrides
-SchedulerType=sched/backfill
-MpiDefault=none
-ReturnToService=2
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
+$(common_conf)
 StateSaveLocation=$MH_STATE/state
 SlurmdSpoolDir=$MH_STATE/spool/%n
 SlurmctldPidFile=$MH_STATE/run/slurmctld.pid
 SlurmdPidFile=$MH_STATE/run/slurmd.%n.pid
 SlurmctldLogFile=$MH_STATE/log/slurmctld.log
 SlurmdLogFile=$MH_STATE/log/slurmd.%n.log
-SlurmctldTimeout=30
-SlurmdTimeout=30
-InactiveLimit=0
 KillWait=5
-MinJobAge=300
 NodeName=DEFAULT CPUs=$MH_HOST_CPUS RealMemory=1000 State=UNKNOWN
 EOF
   for i in $(seq 1 "$n"); do echo "NodeName=mh$i NodeAddr=$MH_SUBNET.$i NodeHostname=mh$i" >> "$MH_CONF"; done

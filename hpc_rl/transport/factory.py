@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from hpc_rl.transport.channels import ExperienceRing, ParameterChannel, StepExchange
 from hpc_rl.transport.config import RingConfig, TransportConfig
+from hpc_rl.transport.layout import ArrayLayout, step_request_layout
 from hpc_rl.transport.probe import ProbeResult, probe_backend
 from hpc_rl.transport.rma import RmaExperienceRing, RmaParameterChannel, RmaStepExchange
 from hpc_rl.transport.twosided import TwoSidedExperienceRing, TwoSidedParameterChannel, TwoSidedStepExchange

@@ -8,26 +8,19 @@ run's meta.json there (backend and probe result, the host of every rank, the SLU
 """
 
 import json
-import os
 import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
 
-from hpc_rl.storage.run import write_meta
+from run_meta import write_run_meta
+
 from hpc_rl.transport import Transport, TransportConfig
 
 
 def vector(version: int, words: int) -> np.ndarray:
     return (np.uint64(version) << np.uint64(32)) | np.arange(words, dtype=np.uint64)
-
-
-def write_run_meta(comm, transport: Transport) -> None:
-    hosts = comm.gather(MPI.Get_processor_name(), root=0)
-    if comm.Get_rank() == 0 and os.environ.get("TRANSPORT_META_DIR"):
-        write_meta(os.environ["TRANSPORT_META_DIR"], world_size=comm.Get_size(), rank_hosts=hosts,
-                   transport=transport.meta())
 
 
 def main() -> None:

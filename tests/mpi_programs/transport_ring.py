@@ -8,14 +8,14 @@ rank, the SLURM_* variables).
 """
 
 import json
-import os
 import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
 
-from hpc_rl.storage.run import write_meta
+from run_meta import write_run_meta
+
 from hpc_rl.transport import RingConfig, Transport, TransportConfig, checksum
 
 
@@ -23,13 +23,6 @@ def payload_of(writer: int, seq: int, max_bytes: int) -> np.ndarray:
     rng = np.random.default_rng([writer, seq])
     nbytes = int(rng.integers(max_bytes // 4, max_bytes + 1)) // 8 * 8
     return rng.integers(0, 2**63, nbytes // 8, dtype=np.uint64).view(np.uint8)
-
-
-def write_run_meta(comm, transport: Transport) -> None:
-    hosts = comm.gather(MPI.Get_processor_name(), root=0)
-    if comm.Get_rank() == 0 and os.environ.get("TRANSPORT_META_DIR"):
-        write_meta(os.environ["TRANSPORT_META_DIR"], world_size=comm.Get_size(), rank_hosts=hosts,
-                   transport=transport.meta())
 
 
 def main() -> None:
