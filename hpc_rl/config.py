@@ -94,13 +94,14 @@ class PipelineConfig:
     allreduce: str = "horovod"  # learner gradient/statistics allreduce: "horovod" or "mpi" (mpi4py Allreduce)
     heartbeat_s: float = 1.0  # every rank reports to the controller this often
     heartbeat_timeout_s: float = 60.0  # a rank silent this long is reported by name and the job aborted
-    buffer_segments: int = 64  # learner's private buffer capacity (oldest dropped beyond it)
+    buffer_batches: int = 2  # a learner holds at most this many batches of segments; when producers outpace the
+    #                          learners the oldest are dropped (counted, never trained on), which bounds staleness
     max_nonfinite: int = 3  # consecutive skipped updates (non-finite loss) before the run halts
     requeue: bool = True  # under Slurm, a run stopped by a signal (preemption warning) requeues its own job
 
     def __post_init__(self) -> None:
         positive = ("segment_len", "segments_per_batch", "ring_slots", "publish_every", "max_versions",
-                    "checkpoint_every", "keep_last", "keep_every", "buffer_segments", "max_nonfinite")
+                    "checkpoint_every", "keep_last", "keep_every", "buffer_batches", "max_nonfinite")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"pipeline.{name} must be >= 1, got {getattr(self, name)}")
@@ -118,9 +119,6 @@ class PipelineConfig:
         if not 0 < self.heartbeat_s < self.heartbeat_timeout_s:
             raise ValueError(f"need 0 < pipeline.heartbeat_s < pipeline.heartbeat_timeout_s, got "
                              f"{self.heartbeat_s}, {self.heartbeat_timeout_s}")
-        if self.buffer_segments < self.segments_per_batch:
-            raise ValueError(f"pipeline.buffer_segments ({self.buffer_segments}) must hold a batch "
-                             f"({self.segments_per_batch} segments)")
 
 
 def _default_ppo() -> PPOConfig:

@@ -156,11 +156,11 @@ def test_distributed_job_learns_cartpole(tmp_path):
     from hpc_rl.evaluation import evaluate_return, load_policy
 
     cmd = mpirun_command(6, [str(ROOT / "jobs/train.py"), "experiment=cartpole", "run_name=cartpole",
-                             f"runs_dir={tmp_path}", "pipeline.max_versions=300"])
+                             f"runs_dir={tmp_path}", "pipeline.max_versions=400"])
     job = Job(cmd, tmp_path)
     assert job.wait(600) == 0, job.output
     policy, config, version = load_policy(tmp_path / "cartpole")
-    assert version == 300
+    assert version == 400
     returns = evaluate_return(policy, config, episodes=20, seed=2024)
     assert returns.mean() >= 475, f"greedy evaluation returns {returns}"
     metrics = open_run(tmp_path / "cartpole").metrics

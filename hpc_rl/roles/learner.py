@@ -139,7 +139,8 @@ class LearnerWorker:
         capacity = self.config.pipeline.staleness_queue * self.config.pipeline.segments_per_batch
         for h in queued[:max(0, len(queued) - capacity)]:
             h.queued = False
-        while len(self.held) > self.config.pipeline.buffer_segments + capacity:
+        limit = self.config.pipeline.buffer_batches * self.config.pipeline.segments_per_batch + capacity
+        while len(self.held) > limit:
             evicted = self.held.popleft()
             if evicted.uses == 0:
                 self.evicted_ids.append(evicted.ids)
@@ -225,6 +226,7 @@ class LearnerWorker:
                 "data/rejected_segments": rejected,
                 "perf/learner_samples_per_s": (consumed_after / epochs) / max(time.monotonic() - started, 1e-9),
                 "perf/buffer_segments": float(len(self.held)),
+                "data/dropped_segments": float(len(self.evicted_ids)),  # learner 0's, since the start
             })
             for b in range(STALENESS_BINS):
                 metrics[f"data/staleness_hist/{b:02d}"] = float(global_stale[b])
