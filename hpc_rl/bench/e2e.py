@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def add_arguments(parser) -> None:
     parser.add_argument("--moba-versions", type=int, default=30)
-    parser.add_argument("--cartpole-versions", type=int, default=300)
+    parser.add_argument("--cartpole-versions", type=int, default=400)
     parser.add_argument("--skip-sb3", action="store_true")
 
 
