@@ -1,6 +1,6 @@
 """Evaluating a trained run: load a checkpoint's policy and play it (no MPI).
 
-    policy, config = load_policy("runs/my_run")             # the latest good checkpoint
+    policy, config, version = load_policy("runs/my_run")    # the latest good checkpoint
     evaluate_return(policy, config, episodes=20, seed=0)    # Gymnasium: mean return of greedy play
     play_vs_bot(policy, config, "scripted", games=400, seed=0)   # MOBA: wins, draws, losses against a reference bot
 """
