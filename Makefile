@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 BENCHES ?= env transport learner cartpole e2e
 export OMP_NUM_THREADS := 1
 
-.PHONY: setup test test-fast train bench cluster-up cluster-down clean help
+.PHONY: setup test test-fast train bench reproduce reproduce-1v1 cluster-up cluster-down clean help
 
 help:
 	@echo "make setup      install Open MPI, Slurm, munge, the .venv (torch CPU, mpi4py, h5py, hydra, submitit) and Horovod"
@@ -13,6 +13,8 @@ help:
 	@echo "make test       setup + the test suite (real MPI ranks, real Horovod, the local Slurm cluster)"
 	@echo "make test-fast  the tests not marked slow, slurm or mpi"
 	@echo "make bench      setup + every benchmark, one JSON line each (BENCHES=\"$(BENCHES)\")"
+	@echo "make reproduce  setup + the staleness and reuse sweeps of OpenAI Five's Figure 5 on the local Slurm, plots in docs/figures"
+	@echo "make reproduce-1v1   setup + MOBA 1v1 (small map) trained 60 CPU-minutes against the scripted bot, then 400 evaluation games"
 	@echo "make cluster-up / cluster-down   the local single-node Slurm cluster"
 
 setup:
@@ -32,6 +34,14 @@ train: setup
 
 bench: setup
 	@for b in $(BENCHES); do echo "== $$b"; $(PY) -m hpc_rl.bench $$b --json || exit 1; done
+
+reproduce: setup
+	bash scripts/reproduce.sh
+
+REPRO_MINUTES ?= 60
+reproduce-1v1: setup
+	$(PY) jobs/vs_scripted.py --minutes $(REPRO_MINUTES) --clock cpu env=moba_1v1_small \
+		run_name=vs_scripted-$$(date +%Y%m%d-%H%M%S)
 
 cluster-up:
 	@bash slurm/local_cluster.sh up

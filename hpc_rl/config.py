@@ -98,6 +98,13 @@ class PipelineConfig:
     #                          learners the oldest are dropped (counted, never trained on), which bounds staleness
     max_nonfinite: int = 3  # consecutive skipped updates (non-finite loss) before the run halts
     requeue: bool = True  # under Slurm, a run stopped by a signal (preemption warning) requeues its own job
+    async_actions: bool = False  # OpenAI Five's asynchronous action offset: env ranks step with the previous action
+    #                              while inference computes the next (actions apply one step late; env and inference
+    #                              overlap)
+    # Fault injection, for tests and drills only (0: off): from this version on the learners' batches get NaN
+    # rewards, so every loss is non-finite; the run must skip those updates, commit nothing past the last good
+    # version, and halt after max_nonfinite of them in a row.
+    fault_nonfinite_from_version: int = 0
 
     def __post_init__(self) -> None:
         positive = ("segment_len", "segments_per_batch", "ring_slots", "publish_every", "max_versions",
@@ -116,9 +123,49 @@ class PipelineConfig:
             raise ValueError(f"pipeline.allreduce must be one of {ALLREDUCES}, got {self.allreduce!r}")
         if self.max_seconds < 0:
             raise ValueError(f"pipeline.max_seconds must be >= 0, got {self.max_seconds}")
+        if self.fault_nonfinite_from_version < 0:
+            raise ValueError(f"pipeline.fault_nonfinite_from_version must be >= 0 (0: off), got "
+                             f"{self.fault_nonfinite_from_version}")
         if not 0 < self.heartbeat_s < self.heartbeat_timeout_s:
             raise ValueError(f"need 0 < pipeline.heartbeat_s < pipeline.heartbeat_timeout_s, got "
                              f"{self.heartbeat_s}, {self.heartbeat_timeout_s}")
+
+
+@dataclass
+class LeagueConfig:
+    """OpenAI Five's opponent pool, for two-team games: in the self-play copies (those without the scripted bot) a
+    game is played against the latest policy with probability 1 - ``past_fraction``, else against a past version
+    drawn by softmax of its quality. The pool's versions are the checkpoints retention keeps for good (every
+    ``pipeline.keep_every``-th version); the opponents' steps are never trained on."""
+
+    past_fraction: float = 0.2  # share of self-play games against past versions (OpenAI Five: 20%; 0: off)
+    eta: float = 0.01  # quality learning rate: beating past version i lowers q_i by eta / (N p_i)
+    cached_policies: int = 4  # past versions an inference rank keeps loaded at once
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.past_fraction <= 1.0:
+            raise ValueError(f"league.past_fraction must be in [0, 1], got {self.past_fraction}")
+        if self.eta <= 0:
+            raise ValueError(f"league.eta must be > 0, got {self.eta}")
+        if self.cached_policies < 1:
+            raise ValueError(f"league.cached_policies must be >= 1, got {self.cached_policies}")
+
+
+@dataclass
+class EvaluationConfig:
+    """Evaluator ranks (``topology.evaluator``): every new committed checkpoint plays the reference agents (random,
+    the frozen scripted bot) and the controller keeps its TrueSkill rating (random = 0)."""
+
+    games: int = 8  # games against each reference per rated version; even (mirrored pairs: both sides of each draw)
+    seed: int = 0  # the games of version v against a reference are seeded from (seed, v, reference)
+    deterministic: bool = False  # the policy plays greedily instead of sampling its actions
+
+    def __post_init__(self) -> None:
+        if self.games < 2 or self.games % 2:
+            raise ValueError(f"evaluation.games must be even and >= 2 (each draw is played from both sides), got "
+                             f"{self.games}")
+        if self.seed < 0:
+            raise ValueError(f"evaluation.seed must be >= 0, got {self.seed}")
 
 
 def _default_ppo() -> PPOConfig:
@@ -140,15 +187,22 @@ class TrainConfig:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    league: LeagueConfig = field(default_factory=LeagueConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
 
     def __post_init__(self) -> None:
         if not self.run_name or "/" in self.run_name:
             raise ValueError(f"run_name must be a non-empty name without '/', got {self.run_name!r}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if self.topology.evaluator:
-            raise ValueError("topology.evaluator must be 0: evaluator ranks are not in this version; rate checkpoints "
-                             "offline with hpc_rl.evaluation")
+        if self.topology.evaluator and not self.env.is_moba:
+            raise ValueError(f"topology.evaluator must be 0 for env.name={self.env.name}: evaluator ranks rate MOBA "
+                             "policies against the reference bots; rate a Gymnasium run's greedy return offline with "
+                             "hpc_rl.evaluation.evaluate_return")
+        if self.topology.evaluator > 1:
+            # One rank rates versions in order, so the controller's TrueSkill table and eval/* rows stay in version
+            # order; a few games per checkpoint keep one rank well ahead of the learners.
+            raise ValueError(f"topology.evaluator must be 0 or 1, got {self.topology.evaluator}")
         if self.pipeline.segment_len % self.model.chunk_len:
             raise ValueError(f"pipeline.segment_len ({self.pipeline.segment_len}) must be a multiple of "
                              f"model.chunk_len ({self.model.chunk_len})")
@@ -158,15 +212,30 @@ class TrainConfig:
         if chunks < self.ppo.num_minibatches:
             raise ValueError(f"a batch of {chunks} BPTT chunks cannot fill ppo.num_minibatches="
                              f"{self.ppo.num_minibatches}")
+        if self.uses_league and self.pipeline.keep_every % self.pipeline.checkpoint_every:
+            raise ValueError(f"pipeline.keep_every ({self.pipeline.keep_every}) must be a multiple of "
+                             f"pipeline.checkpoint_every ({self.pipeline.checkpoint_every}): the opponent pool's "
+                             "versions are the checkpoints kept every keep_every versions")
         if self.ppo.lr(0) < 0 or self.ppo.lr(10**9) < 0:
             raise ValueError(f"the learning rate must be >= 0, got schedule {self.ppo.lr}")
+
+    @property
+    def uses_league(self) -> bool:
+        """Past versions play some self-play games: MOBA, league.past_fraction > 0 and copies without the bot."""
+        return (self.env.is_moba and self.league.past_fraction > 0
+                and self.env.scripted_copies() < self.env.num_envs)
 
     def config_hash(self) -> str:
         """Hash of what changes the learning problem (not run_name, runs_dir or stopping limits)."""
         d = asdict(self)
         for key in ("run_name", "runs_dir"):
             d.pop(key)
-        for key in ("max_versions", "max_seconds", "heartbeat_timeout_s", "requeue"):
+        # Evaluator ranks only watch the checkpoints: adding one to a resumed run keeps its learning problem.
+        d.pop("evaluation")
+        d["topology"].pop("evaluator")
+        # Fault injection is a drill run on the same learning problem (and may be turned on for a resumed run).
+        for key in ("max_versions", "max_seconds", "heartbeat_timeout_s", "requeue",
+                    "fault_nonfinite_from_version"):
             d["pipeline"].pop(key)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -3,10 +3,13 @@
     policy, config, version = load_policy("runs/my_run")    # the latest good checkpoint
     evaluate_return(policy, config, episodes=20, seed=0)    # Gymnasium: mean return of greedy play
     play_vs_bot(policy, config, "scripted", games=400, seed=0)   # MOBA: wins, draws, losses against a reference bot
+    play_match(policy, older_policy, config, games=64, seed=0)  # MOBA: two policies (or a policy and a bot), any pair
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +19,18 @@ import yaml
 from hpc_rl.analysis import wilson_interval
 from hpc_rl.config import TrainConfig, build_config
 from hpc_rl.model.device import to_device
-from hpc_rl.model.policy import Policy, hero_indices
+from hpc_rl.model.policy import HEADS, Policy, hero_indices
 from hpc_rl.runner import act, evaluate
-from hpc_rl.storage import open_run
+from hpc_rl.storage import Checkpoint, open_run
+
+Player = Policy | str  # a policy, or the name of a reference bot ("random", "scripted")
+
+
+def policy_from_checkpoint(ckpt: Checkpoint, config: TrainConfig) -> Policy:
+    """The policy (parameters and observation normaliser) of a loaded checkpoint, in eval mode."""
+    policy = Policy(config.env.make(num_envs=1).spec, config.model)
+    policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ckpt.sections["params"].items()})
+    return policy.eval()
 
 
 def load_policy(run_dir: str | Path, version: int | None = None) -> tuple[Policy, TrainConfig, int]:
@@ -28,10 +40,7 @@ def load_policy(run_dir: str | Path, version: int | None = None) -> tuple[Policy
     ckpt = run.load_checkpoint(version)
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint")
-    policy = Policy(config.env.make(num_envs=1).spec, config.model)
-    policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ckpt.sections["params"].items()})
-    policy.eval()
-    return policy, config, ckpt.version
+    return policy_from_checkpoint(ckpt, config), config, ckpt.version
 
 
 def evaluate_return(policy: Policy, config: TrainConfig, episodes: int, seed: int) -> np.ndarray:
@@ -40,44 +49,82 @@ def evaluate_return(policy: Policy, config: TrainConfig, episodes: int, seed: in
 
 
 @torch.no_grad()
+def play_match(first: Player, second: Player, config: TrainConfig, games: int, seed: int,
+               deterministic: bool = False, mirrored: bool = True,
+               on_step: Callable[[], None] | None = None) -> dict:
+    """MOBA: ``games`` games of ``first`` against ``second`` (each a policy or a reference bot's name), one per env
+    copy, sides alternating: ``first`` plays team 0 in even copies and team 1 in odd ones.
+
+    ``mirrored`` (OpenAI Five-style fair evaluation): copies 2k and 2k+1 draw the same lineups and starting state, so
+    each draw is played from both sides; it needs an even number of games. Policies sample their actions (greedy with
+    ``deterministic``) from torch's generator seeded with ``seed``; bots are seeded from ``seed``: the result is a
+    function of the players and ``seed``. Each policy runs on its own agents only, with its own LSTM state per agent.
+    ``on_step`` is called after every env step (a rank keeps heartbeating there; it may raise to abandon the match).
+
+    Returns the tally from ``first``'s side, draws (time limit) apart, and ``scores``: its score in each game
+    (1 win, 0.5 draw, 0 loss), in copy order.
+    """
+    from hpc_rl.envs.moba import MobaEnv
+    from hpc_rl.envs.scripted import make_bot
+
+    if not config.env.is_moba:
+        raise ValueError("play_match needs a MOBA run")
+    if games < 1 or (mirrored and games % 2):
+        raise ValueError(f"games must be >= 1{' and even (mirrored pairs)' if mirrored else ''}, got {games}")
+    env = MobaEnv(dataclasses.replace(config.env.moba, mirrored_pairs=mirrored), games)
+    spec = env.spec
+    team = np.asarray(spec.agent_team)
+    first_team = np.arange(games) % 2
+    controls = [team[None, :] == first_team[:, None]]  # (E, A): the agents each player controls
+    controls.append(~controls[0])
+    hero = np.tile(hero_indices(spec), games)
+    actors = []
+    for k, player in enumerate((first, second)):
+        if isinstance(player, str):
+            actors.append(make_bot(player, config.env.moba, seed=seed + 1 + k))
+        else:
+            rows = np.flatnonzero(controls[k].reshape(-1))  # this policy's agents among the E*A flat ones
+            actors.append((player, rows, torch.from_numpy(hero[rows]), player.initial_state(rows.size)))
+    obs = env.reset(seed)
+    starts = np.ones(games * spec.num_agents, dtype=bool)
+    outcome = np.full(games, -2, dtype=np.int64)
+    torch.manual_seed(seed)
+    while (outcome == -2).any():
+        flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in obs.items()}
+        actions = {head: np.zeros((games, spec.num_agents), dtype=np.int64) for head in HEADS}
+        for k, actor in enumerate(actors):
+            if isinstance(actor, tuple):
+                policy, rows, hero_rows, state = actor
+                step = act(policy, to_device({key: v[rows] for key, v in flat.items()}, torch.device("cpu")),
+                           hero_rows, torch.from_numpy(starts[rows]), state, deterministic)
+                actors[k] = (policy, rows, hero_rows, step.state)
+                for head in actions:
+                    actions[head].reshape(-1)[rows] = step.actions[head].numpy()
+            else:
+                chosen = actor.act(obs)
+                for head in actions:
+                    actions[head] = np.where(controls[k], chosen[head], actions[head])
+        obs, _, dones, infos = env.step(actions)
+        first_done = dones & (outcome == -2)
+        outcome[first_done] = infos["winner"][first_done]
+        starts = np.repeat(dones, spec.num_agents)
+        if on_step is not None:
+            on_step()
+    scores = np.where(outcome == first_team, 1.0, np.where(outcome == -1, 0.5, 0.0))
+    wins, draws = int((scores == 1.0).sum()), int((scores == 0.5).sum())
+    low, high = wilson_interval(wins, games)
+    return {"games": games, "wins": wins, "draws": draws, "losses": games - wins - draws, "win_rate": wins / games,
+            "win_rate_ci95": [low, high], "scores": scores.tolist()}
+
+
 def play_vs_bot(policy: Policy, config: TrainConfig, bot: str, games: int, seed: int,
                 deterministic: bool = False) -> dict:
     """MOBA: the policy against a reference bot, sides alternating (the policy is team 0 in even copies, team 1 in
     odd ones); every copy plays one game. Draws (time limit) are counted apart: callers count them as losses."""
-    from hpc_rl.envs.moba import MobaEnv
-    from hpc_rl.envs.scripted import make_bot, scripted_bot_hash
+    from hpc_rl.envs.scripted import scripted_bot_hash
 
     if not config.env.is_moba:
         raise ValueError("play_vs_bot needs a MOBA run")
-    env = MobaEnv(config.env.moba, games)
-    spec = env.spec
-    opponent = make_bot(bot, config.env.moba, seed=seed + 1)
-    policy_team = np.arange(games) % 2
-    team = np.asarray(spec.agent_team)
-    is_bot = team[None, :] != policy_team[:, None]  # (E, A)
-    n = games * spec.num_agents
-    hero = torch.from_numpy(np.tile(hero_indices(spec), games))
-    obs = env.reset(seed)
-    starts = torch.ones(n, dtype=torch.bool)
-    state = policy.initial_state(n)
-    outcome = np.full(games, -2, dtype=np.int64)
-    torch.manual_seed(seed)
-    while (outcome == -2).any():
-        flat = {k: v.reshape(n, *v.shape[2:]) for k, v in obs.items()}
-        step = act(policy, to_device(flat, torch.device("cpu")), hero, starts, state, deterministic)
-        state = step.state
-        actions = {k: v.numpy().reshape(games, spec.num_agents) for k, v in step.actions.items()}
-        scripted = opponent.act(obs)
-        for head in actions:
-            actions[head] = np.where(is_bot, scripted[head], actions[head])
-        obs, _, dones, infos = env.step(actions)
-        first = dones & (outcome == -2)
-        outcome[first] = infos["winner"][first]
-        starts = torch.from_numpy(np.repeat(dones, spec.num_agents))
-    wins = int((outcome == policy_team).sum())
-    draws = int((outcome == -1).sum())
-    low, high = wilson_interval(wins, games)
-    return {"games": games, "wins": wins, "draws": draws, "losses": games - wins - draws,
-            "win_rate": wins / games, "win_rate_ci95": [low, high], "bot": bot,
-            "bot_hash": scripted_bot_hash() if bot == "scripted" else None}
-
+    result = play_match(policy, bot, config, games, seed, deterministic, mirrored=False)
+    del result["scores"]
+    return {**result, "bot": bot, "bot_hash": scripted_bot_hash() if bot == "scripted" else None}

@@ -9,6 +9,7 @@ On a 2-core machine tests run up to ~8 ranks. A rank that spins starves the othe
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -63,6 +64,9 @@ def isolate_shared_memory() -> None:
     PMIx namespace; in a /dev/shm shared with other jobs on the node, a segment of another job with the same name
     crashes the ranks inside their first collective (seen as a segfault in ``mca_btl_vader_poll_handle_frag`` with
     two sweep members and an mpirun job on one node). A per-step directory rules that out.
+
+    Open MPI removes its segments but not the directory: every rank removes it at exit (see
+    ``_remove_shared_memory_directory``), so a job that ends normally leaves /dev/shm as it found it.
     """
     if "SLURM_JOB_ID" not in os.environ or "OMPI_MCA_btl_vader_backing_directory" in os.environ:
         return
@@ -70,6 +74,22 @@ def isolate_shared_memory() -> None:
     directory = os.path.join("/dev/shm", f"hpc_rl.{os.environ['SLURM_JOB_ID']}.{step}")
     os.makedirs(directory, exist_ok=True)
     os.environ["OMPI_MCA_btl_vader_backing_directory"] = directory
+    # Registered before anything imports MPI or Horovod, so it runs after their exit handlers (atexit is LIFO).
+    atexit.register(_remove_shared_memory_directory, directory)
+
+
+def _remove_shared_memory_directory(directory: str) -> None:
+    """At a rank's exit: finalise MPI, which unlinks this rank's segment in ``directory``, then remove the directory
+    if it is empty. Every rank of the node does this after its own unlink, so whichever comes last removes it
+    (``rmdir`` refuses while another rank's segment is there). Ranks killed by a signal or ``MPI_Abort`` skip
+    this and leave the directory (empty under mpirun, whose daemons remove the segments); a rerun reuses it."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    try:
+        os.rmdir(directory)
+    except OSError:  # not empty yet (a rank still running removes it) or removed already
+        pass
 
 
 def set_torch_threads() -> None:

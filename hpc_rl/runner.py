@@ -302,16 +302,55 @@ class Learner:
             normalizer.load_state_dict(state["normalizers"][key])
         self.generator.set_state(state["generator"])
 
+    def checkpoint_sections(self) -> dict:
+        """The state as the checkpoint file's sections (numpy trees): what ``hpc_rl.storage`` commits."""
+        state = self.state_dict()
+        return {"params": to_numpy_tree(state["policy"]), "optimizer": to_numpy_tree(state["optimizer"]),
+                "clip": to_numpy_tree(state["clip"]), "normalizers": to_numpy_tree(state["normalizers"]),
+                "learner": {"version": self.version, "rng": state["generator"].numpy()}}
+
+    def load_checkpoint_sections(self, sections: dict) -> None:
+        self.load_state_dict({"policy": to_torch_tree(sections["params"]),
+                              "optimizer": to_torch_tree(sections["optimizer"]),
+                              "clip": to_torch_tree(sections["clip"]),
+                              "normalizers": sections["normalizers"],
+                              "version": sections["learner"]["version"],
+                              "generator": torch.from_numpy(np.array(sections["learner"]["rng"]))})
+
+
+def to_numpy_tree(obj):
+    """Tensors in a nested state (state_dicts) to numpy arrays, for storage."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy()
+    if isinstance(obj, dict):
+        return {k: to_numpy_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_numpy_tree(v) for v in obj)
+    return obj
+
+
+def to_torch_tree(obj):
+    """The inverse of ``to_numpy_tree``."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj))
+    if isinstance(obj, dict):
+        return {k: to_torch_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_torch_tree(v) for v in obj)
+    return obj
+
 
 class SerialRunner:
     """Collects segments from ``env`` with the current policy and trains on each as it fills."""
 
     def __init__(self, env: VecEnv, config: RunnerConfig | None = None, ppo: PPOConfig | None = None,
                  model: ModelConfig | None = None, reward: RewardConfig | None = None,
-                 opponent: Callable[[Obs], Actions] | None = None, learning_agents: tuple[int, ...] | None = None):
+                 opponent: Callable[[Obs], Actions] | None = None, learning_agents: tuple[int, ...] | None = None,
+                 alternate_sides: bool = False):
         """``opponent`` (e.g. a scripted bot's ``act``) plays every agent outside ``learning_agents`` (default:
         ``spec.learning_agents``, or all); without it the policy plays every agent (self-play) and is trained on the
-        learning agents' steps only."""
+        learning agents' steps only. ``alternate_sides`` (two teams, with an opponent) swaps the sides in odd copies,
+        so that the policy learns to play both (the map is not symmetric in absolute coordinates)."""
         config = config or RunnerConfig(num_envs=env.num_envs)
         ppo = ppo or PPOConfig()
         model = model or ModelConfig()
@@ -335,8 +374,13 @@ class SerialRunner:
             raise ValueError(f"learning_agents {learning} must be a non-empty subset of 0..{agents - 1}")
         self.learning_agents = tuple(learning)
         self.opponent = opponent
-        self.controlled = np.isin(np.arange(agents), learning)
-        self.weight = np.tile(self.controlled, config.num_envs).astype(np.float32)
+        if alternate_sides and (opponent is None or spec.num_teams != 2):
+            raise ValueError("alternate_sides needs an opponent and a two-team environment")
+        controlled = np.isin(np.arange(agents), learning)
+        self.controlled = np.tile(controlled, (config.num_envs, 1))  # (E, A): the agents this policy plays
+        if alternate_sides:
+            self.controlled[1::2] = ~controlled
+        self.weight = self.controlled.reshape(-1).astype(np.float32)
         self.buffer = SegmentBuffer(spec, self.num_agents, config.segment_len, model.chunk_len, model.lstm_size)
         self.obs = env.reset(config.seed)
         self.starts = np.ones(self.num_agents, dtype=bool)
@@ -386,8 +430,9 @@ class SerialRunner:
         self.episode_returns.extend(self.episode_returns_sum[ended].tolist())
         self.episode_returns_sum[np.repeat(dones, self.spec.num_agents)] = 0.0
         if self.spec.num_teams > 1:
-            learner_team = self.spec.agent_team[self.learning_agents[0]]
-            self.wins.extend((infos["winner"][dones] == learner_team).astype(float).tolist())
+            first = self.controlled.argmax(axis=1)  # one agent this policy plays in every copy
+            learner_team = np.asarray(self.spec.agent_team)[first]
+            self.wins.extend((infos["winner"][dones] == learner_team[dones]).astype(float).tolist())
 
     def run(self, total_steps: int, on_update: Callable[[SerialRunner, dict[str, float]], bool] | None = None
             ) -> dict[str, float]:

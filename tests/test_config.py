@@ -34,7 +34,10 @@ def test_default_config_is_moba_1v1_on_six_ranks():
     ("topology.learner=0", "topology.learner must be >= 1"),
     ("ppo.lam=1.5", "lam must lie in"),
     ("pipeline.allreduce=nccl", "pipeline.allreduce must be one of"),
-    ("topology.evaluator=1", "topology.evaluator must be 0"),
+    ("topology.evaluator=2", "topology.evaluator must be 0 or 1"),
+    ("evaluation.games=3", "evaluation.games must be even"),
+    ("evaluation.seed=-1", "evaluation.seed must be >= 0"),
+    ("pipeline.fault_nonfinite_from_version=-1", "pipeline.fault_nonfinite_from_version must be >= 0 (0: off)"),
 ])
 def test_bad_values_fail_at_compose_time(override, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -45,6 +48,16 @@ def test_config_hash_ignores_run_name_but_not_learning_settings():
     a, b = _compose("run_name=a"), _compose("run_name=b")
     assert a.config_hash() == b.config_hash()
     assert a.config_hash() != _compose("ppo.lam=0.9").config_hash()
+    # A fault drill may be run on an existing run: it resumes from that run's checkpoints.
+    assert a.config_hash() == _compose("pipeline.fault_nonfinite_from_version=5").config_hash()
+
+
+def test_evaluator_ranks_rate_moba_only_and_do_not_change_the_learning_problem():
+    with pytest.raises(ValueError, match="topology.evaluator must be 0 for env.name=gym:CartPole-v1"):
+        _compose("experiment=cartpole", "topology.evaluator=1")
+    rated = _compose("topology.evaluator=1", "evaluation.games=4")
+    assert rated.topology.world_size == 7
+    assert rated.config_hash() == _compose().config_hash()  # a resumed run may gain an evaluator
 
 
 def test_experiment_preset_composes_across_groups():

@@ -117,6 +117,9 @@ def test_every_segment_produced_is_consumed_exactly_once_or_left_at_stop(tmp_pat
     reuse = run.metrics["data/reuse"]["value"]
     assert np.all(reuse <= 1.0 + 1e-9)  # consumed / produced never exceeds the target of 1
     assert list(run.metrics["train/policy_loss"]["version"]) == list(range(1, 9))
+    occupancy = run.metrics["perf/ring_occupancy"]
+    assert list(occupancy["version"]) == list(range(1, 9))  # one row per version: READY slots / slots, polled
+    assert np.all((occupancy["value"] >= 0) & (occupancy["value"] <= 1))
     assert run.meta["transport"]["backend"] in ("rma", "twosided")
 
 
@@ -152,16 +155,90 @@ def test_failed_rank_ends_the_job_under_srun(slurm_cluster, tmp_path, what):
     _failure("srun", tmp_path, what)
 
 
-def test_distributed_job_learns_cartpole(tmp_path):
+def _cartpole(runs: Path, name: str, max_versions: int) -> Job:
+    """The CartPole learning check (conf/experiment/cartpole.yaml: 400 versions, the learning rate decaying to 0
+    over them), stopped after ``max_versions``."""
+    return Job(mpirun_command(6, [str(ROOT / "jobs/train.py"), "experiment=cartpole", f"run_name={name}",
+                                  f"runs_dir={runs}", f"pipeline.max_versions={max_versions}"]), runs)
+
+
+def _greedy_returns(run_dir: Path) -> tuple[np.ndarray, int]:
     from hpc_rl.evaluation import evaluate_return, load_policy
 
-    cmd = mpirun_command(6, [str(ROOT / "jobs/train.py"), "experiment=cartpole", "run_name=cartpole",
-                             f"runs_dir={tmp_path}", "pipeline.max_versions=400"])
-    job = Job(cmd, tmp_path)
+    policy, config, version = load_policy(run_dir)
+    return evaluate_return(policy, config, episodes=20, seed=2024), version
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory) -> Path:
+    """One uninterrupted CartPole run, shared by the learning test and the resume test (it takes about a minute)."""
+    runs = tmp_path_factory.mktemp("cartpole")
+    job = _cartpole(runs, "cartpole", 400)
     assert job.wait(600) == 0, job.output
-    policy, config, version = load_policy(tmp_path / "cartpole")
+    return runs / "cartpole"
+
+
+def test_distributed_job_learns_cartpole(cartpole_run):
+    returns, version = _greedy_returns(cartpole_run)
     assert version == 400
-    returns = evaluate_return(policy, config, episodes=20, seed=2024)
     assert returns.mean() >= 475, f"greedy evaluation returns {returns}"
-    metrics = open_run(tmp_path / "cartpole").metrics
+    metrics = open_run(cartpole_run).metrics
     assert np.all(metrics["data/reuse"]["value"] <= 1.1)
+
+
+def test_a_run_stopped_half_way_and_resumed_matches_an_uninterrupted_one(cartpole_run, tmp_path):
+    first = _cartpole(tmp_path, "resumed", 200)
+    assert first.wait(600) == 0, first.output
+    second = _cartpole(tmp_path, "resumed", 400)  # the same run name: resumes from `latest`
+    assert second.wait(600) == 0, second.output
+    resumed = open_run(tmp_path / "resumed")
+    assert "from version 200" in second.output and resumed.meta["resumed_from"] == 200, second.output
+
+    full = open_run(cartpole_run)
+    series = {}
+    for run in (full, resumed):
+        metrics = run.metrics
+        series[run.path] = metrics["train/policy_loss"]["version"].tolist()
+        assert series[run.path] == list(range(1, 401)), run.path  # every version exactly once
+        for name, rows in metrics.items():  # no series repeats or goes back at the resume point
+            assert np.all(np.diff(rows["version"]) > 0), (run.path, name)
+    assert len(series[full.path]) == len(series[resumed.path])
+    # The schedules are functions of the restored version: the learning rate decays on as if never interrupted.
+    np.testing.assert_array_equal(resumed.metrics["train/lr"]["value"], full.metrics["train/lr"]["value"])
+
+    # TensorBoard's view of the resumed run (two event files, one per attempt) is continuous too.
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    events = EventAccumulator(str(resumed.path / "tensorboard"), size_guidance={SCALARS: 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/policy_loss")] == list(range(1, 401))
+
+    full_returns, _ = _greedy_returns(full.path)
+    resumed_returns, version = _greedy_returns(resumed.path)
+    assert version == 400
+    print(f"greedy returns over 20 episodes: uninterrupted {full_returns.mean():.1f}, "
+          f"resumed {resumed_returns.mean():.1f}")
+    assert abs(resumed_returns.mean() - full_returns.mean()) <= 0.1 * full_returns.mean(), (
+        f"uninterrupted {full_returns}, resumed {resumed_returns}")
+
+
+def test_nonfinite_losses_halt_the_run_and_no_model_after_them_is_committed(tmp_path):
+    # From version 4 on every loss is NaN (the fault-injection knob): versions 4, 5 and 6 skip their updates on
+    # both learners, and the third skip in a row halts the run.
+    job = Job(_train_cmd("mpirun", tmp_path, "nan", ["pipeline.max_versions=100", "pipeline.checkpoint_every=1",
+                                                     "pipeline.fault_nonfinite_from_version=4",
+                                                     "pipeline.max_nonfinite=3"]), tmp_path)
+    code = job.wait(300)
+    assert code != 0, job.output
+    assert "non-finite halt at version 6: 3 updates in a row had non-finite losses" in job.output, job.output
+    run = open_run(tmp_path / "nan")
+    assert json.loads((run.path / "status.json").read_text())["state"] == "halted_nonfinite"
+    steps = run.config["ppo"]["num_minibatches"] * run.config["ppo"]["epochs"]
+    skipped = run.metrics["train/nonfinite_skipped"]
+    assert skipped["version"].tolist() == [1, 2, 3, 4, 5, 6]  # the halting version's metrics are written too
+    assert skipped["value"].tolist() == [0, 0, 0, steps, steps, steps]
+    assert run.checkpoint_versions == [1, 2, 3]  # nothing from the poisoned versions
+    for version in run.checkpoint_versions:
+        params = run.load_checkpoint(version).sections["params"]
+        assert all(np.all(np.isfinite(p)) for p in params.values())
+    assert run.load_checkpoint().version == 3

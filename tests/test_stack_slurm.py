@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -80,6 +81,16 @@ def test_hydra_submitit_multirun_is_one_array_job_of_mpi_members(slurm_cluster, 
         assert sorted(r["rank"] for r in ranks) == [0, 1, 2]
         assert {r["size"] for r in ranks} == {3}
         assert len({r["array_task"] for r in ranks}) == 1
+    # The launcher profile's per-job shared-memory directory is removed when the member's batch script ends (a
+    # little after the member's result is there, so allow a few seconds).
+    shown = subprocess.run(["scontrol", "-o", "show", "job", reports[0]["array_job"]], capture_output=True,
+                           text=True, timeout=30)
+    members = re.findall(r"\bJobId=(\d+)", shown.stdout)
+    assert len(members) == 2, shown.stdout
+    deadline = time.monotonic() + 30
+    while (left := [m for m in members if Path(f"/dev/shm/hpc_rl.{m}").exists()]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"sweep members left /dev/shm/hpc_rl.<job> behind: {left}"
 
 
 def test_sweep_whose_members_die_without_a_result_fails_instead_of_hanging(slurm_cluster, tmp_path):

@@ -193,3 +193,21 @@ def test_sigkill_at_random_moments_never_loses_more_than_the_version_in_flight(t
         assert certain <= ckpt.version <= certain + 1  # at most the version being written is lost
         assert np.all(ckpt.sections["params"]["w"] == ckpt.version)
         certain = ckpt.version
+
+
+def test_pool_file_round_trips_and_is_replaced_whole(tmp_path):
+    from hpc_rl.storage import read_pool, write_pool
+
+    assert read_pool(tmp_path / "pool.h5") is None
+    write_pool(tmp_path / "pool.h5", [10, 20], [0.0, -0.25], eta=0.01)
+    write_pool(tmp_path / "pool.h5", [10, 20, 30], [0.0, -0.25, 0.0], eta=0.01)
+    versions, qualities, attrs = read_pool(tmp_path / "pool.h5")
+    assert versions == [10, 20, 30] and qualities == [0.0, -0.25, 0.0] and attrs["eta"] == 0.01
+    with h5py.File(tmp_path / "pool.h5") as f:
+        assert f["quality"].fletcher32 and [c.decode() for c in f["checkpoint"][()]] == [
+            checkpoint_name(v) for v in (10, 20, 30)]
+    assert not list(tmp_path.glob(".*.tmp"))
+    write_meta(tmp_path)
+    assert open_run(tmp_path).pool["version"] == [10, 20, 30]
+    with pytest.raises(ValueError, match="2 versions and 1 qualities"):
+        write_pool(tmp_path / "pool.h5", [1, 2], [0.0])

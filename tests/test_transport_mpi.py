@@ -7,6 +7,7 @@ import pytest
 pytestmark = pytest.mark.mpi
 
 BACKENDS = ["rma", "twosided"]
+CONSUMERS = ["poll", "view"]  # the owner copies with poll(), or reads in place with take_view() / release()
 
 
 def _report(out) -> dict:
@@ -15,11 +16,23 @@ def _report(out) -> dict:
     return json.loads(lines[-1])
 
 
+def _ring(backend, slots, per_writer, policy, delay, max_bytes, consumer):
+    return ["tests/mpi_programs/transport_ring.py", backend, slots, per_writer, policy, delay, max_bytes] + (
+        ["view"] if consumer == "view" else [])
+
+
+def _check_views(r, consumer, slots=4):
+    assert 0 <= r["max_ready"] <= slots
+    if consumer == "view":
+        assert r["release_twice_refused"] is True, "releasing a view twice was not refused"
+
+
+@pytest.mark.parametrize("consumer", CONSUMERS)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_ring_exactly_once_with_small_ring_and_slow_consumer(mpi, backend):
-    # 3 writers x 100 segments through 4 slots; the owner sleeps 5 ms between polls, so writers block often.
-    r = _report(mpi(4, ["tests/mpi_programs/transport_ring.py", backend, "4", "100", "block", "0.005", "16384"],
-                    timeout=90))
+def test_ring_exactly_once_with_small_ring_and_slow_consumer(mpi, backend, consumer):
+    # 3 writers x 100 segments through 4 slots; the owner sleeps 5 ms between polls (with take_view: while it
+    # holds the views), so writers block often.
+    r = _report(mpi(4, _ring(backend, "4", "100", "block", "0.005", "16384", consumer), timeout=90))
     assert r["backend"] == backend
     assert r["produced"] == 300
     assert r["consumed"] == 300 and r["distinct_consumed"] == 300, "a segment was lost or delivered twice"
@@ -27,24 +40,28 @@ def test_ring_exactly_once_with_small_ring_and_slow_consumer(mpi, backend):
     assert r["bad_payloads"] == 0
     assert r["dropped_total"] == 0 and r["drops_listed"] == 0
     assert r["blocked_puts"] > 0, "the producers never found the ring full: the test did not stress it"
+    assert r["max_ready"] > 0
+    _check_views(r, consumer)
 
 
+@pytest.mark.parametrize("consumer", CONSUMERS)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_ring_no_torn_reads_six_writers_four_slots(mpi, backend):
-    # drop_oldest with an owner polling flat out: writers steal READY slots while the owner may be copying them.
-    r = _report(mpi(7, ["tests/mpi_programs/transport_ring.py", backend, "4", "120", "drop_oldest", "0", "65536"],
-                    timeout=120))
+def test_ring_no_torn_reads_six_writers_four_slots(mpi, backend, consumer):
+    # drop_oldest with an owner polling flat out: writers steal READY slots while the owner may be copying them
+    # (take_view: while it compares the views in place, byte for byte).
+    r = _report(mpi(7, _ring(backend, "4", "120", "drop_oldest", "0", "65536", consumer), timeout=120))
     assert r["produced"] == 720
     assert r["bad_payloads"] == 0, "a consumed payload differs from what its writer wrote"
     assert r["consumed"] == r["distinct_consumed"]
     assert r["consumed_or_dropped_equals_produced"] and r["dropped_and_consumed"] == 0
     assert r["consumed"] > 0
+    _check_views(r, consumer)
 
 
+@pytest.mark.parametrize("consumer", CONSUMERS)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_ring_drop_oldest_counts_exactly_what_it_dropped(mpi, backend):
-    r = _report(mpi(4, ["tests/mpi_programs/transport_ring.py", backend, "4", "100", "drop_oldest", "0.01", "16384"],
-                    timeout=90))
+def test_ring_drop_oldest_counts_exactly_what_it_dropped(mpi, backend, consumer):
+    r = _report(mpi(4, _ring(backend, "4", "100", "drop_oldest", "0.01", "16384", consumer), timeout=90))
     assert r["produced"] == 300
     assert r["drops_listed"] > 0, "the slow consumer should have forced drops"
     assert r["distinct_drops"] == r["drops_listed"], "one segment counted as dropped twice"
@@ -53,6 +70,16 @@ def test_ring_drop_oldest_counts_exactly_what_it_dropped(mpi, backend):
     assert r["consumed"] + r["drops_listed"] == r["produced"]
     assert r["consumed_or_dropped_equals_produced"]
     assert r["bad_payloads"] == 0
+    _check_views(r, consumer)
+
+
+@pytest.mark.parametrize("backend,policy", [("rma", "block"), ("rma", "drop_oldest"), ("twosided", "block")])
+def test_ring_ready_slots_counts_what_waits_and_takes_nothing(mpi, backend, policy):
+    r = _report(mpi(3, ["tests/mpi_programs/transport_occupancy.py", backend, policy], timeout=60))
+    assert r["backend"] == backend
+    assert r["seen"] == {"empty": 0, "two_put": 2, "two_put_again": 2, "taken": 2, "while_held": 0, "released": 0,
+                         "full": 4, "drained": 4, "after_drain": 0}
+    assert r["left_at_close"] == 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -155,3 +182,24 @@ def test_ring_built_differently_on_one_rank_is_refused_on_every_rank(mpi, backen
     assert r["backend"] == backend
     assert len(r["errors"]) == 3 and all(e is not None for e in r["errors"])
     assert all("rank 1" in e and "drop_oldest" in e and "block" in e for e in r["errors"])
+
+
+def test_transport_bench_reports_every_figure_measured_alike():
+    # A small run of `python -m hpc_rl.bench transport`: every figure present and measured (no timing asserted).
+    from argparse import Namespace
+
+    from hpc_rl.bench import transport as bench
+
+    r = bench.run(Namespace(bytes_per_run=2 << 20, repeats=2, roundtrips=20, timeout=120))
+    assert r["probe"]["backend"] == "rma"
+    for size in ("64KiB", "1MiB"):
+        figures = r[size]
+        for name in ("raw_put", "rma", "rma_copy", "rma_nochecksum", "twosided", "memcpy"):
+            assert figures[f"{name}_GBps"] > 0, (size, name)
+        assert figures["rma_over_raw_put"] == round(figures["rma_GBps"] / figures["raw_put_GBps"], 3)
+        assert len(figures["rma_over_raw_put_runs"]) == 2
+        cpu = figures["cpu_us_per_segment"]
+        assert all(cpu["writer"][m] > 0 for m in ("raw_put", "rma", "rma_copy", "rma_nochecksum", "twosided"))
+        assert all(cpu["owner"][m] > 0 for m in ("rma", "rma_copy", "rma_nochecksum", "twosided"))
+    for backend in ("rma", "twosided"):
+        assert 0 < r["roundtrip_us_8KiB"][backend]["median"] <= r["roundtrip_us_8KiB"][backend]["p90"]

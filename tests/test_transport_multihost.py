@@ -268,10 +268,12 @@ def test_parameter_channel_across_slurm_hosts(hosts, config):
 
 
 def test_ring_exactly_once_across_hosts_under_mpirun(mpi, hosts):
+    # The owner reads in place here (take_view / release): views of a window that osc/pt2pt fills over TCP.
     env = hosts.mpirun_env(PT2PT)
-    out = mpi(len(RANK_HOSTS), RING + ["assisted"], timeout=180, env=env)
+    out = mpi(len(RANK_HOSTS), RING + ["assisted", "view"], timeout=180, env=env)
     r = _report(out.stdout)
     assert r["backend"] == "rma"
     _check_ring(r)
+    assert r["release_twice_refused"] is True
     meta = open_run(Path(env["TRANSPORT_META_DIR"])).meta
     _check_meta(meta, "rma")

@@ -8,7 +8,7 @@ import pytest
 from hpc_rl.envs.api import EntitySpec, EnvSpec
 from hpc_rl.transport import (ArrayLayout, PollConfig, RingConfig, TransportConfig, TransportTimeout, checksum,
                               step_reply_layout, step_request_layout)
-from hpc_rl.transport.layout import FREE, align, ready, state_phase, state_ticket, writing
+from hpc_rl.transport.layout import FREE, align, ready, state_phase, state_ticket, taken, writing
 from hpc_rl.transport.wait import Waiter
 
 
@@ -85,11 +85,12 @@ def test_slot_state_words_round_trip():
     for ticket in (1, 2, 12345, (1 << 30) - 1):
         assert state_phase(writing(ticket)) == "writing" and state_ticket(writing(ticket)) == ticket
         assert state_phase(ready(ticket)) == "ready" and state_ticket(ready(ticket)) == ticket
-        assert writing(ticket) != ready(ticket)
-        assert ready(ticket) < 2 ** 32  # fits the 32-bit state word
+        assert state_phase(taken(ticket)) == "taken" and state_ticket(taken(ticket)) == ticket
+        assert len({FREE, writing(ticket), ready(ticket), taken(ticket)}) == 4
+        assert taken(ticket) < 2 ** 32  # fits the 32-bit state word
     assert ready(1 << 30) == ready(0)  # tickets wrap after 2^30 puts
-    with pytest.raises(ValueError, match="corrupt ring slot state"):
-        state_phase(3)
+    with pytest.raises(ValueError, match=r"0x4 has phase 0 but is not FREE \(corrupt\)"):
+        state_phase(4)
 
 
 def test_configs_reject_bad_values_naming_the_field():

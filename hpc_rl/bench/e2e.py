@@ -4,12 +4,15 @@
 
 - MOBA 1v1, the default local job (6 ranks: controller, 2 env, 1 inference, 2 learners, oversubscribed), run for
   ``--moba-versions`` versions: ``moba_samples_per_s`` (agent steps consumed by the learners per second since
-  the learners started), ``moba_env_steps_per_s`` (env ranks' stepping rate), ``staleness_mean``, ``reuse``; and the serial
-  runner on the same work (same env copies, segment length, batch and model) in one process for the same number of
-  updates: ``serial_samples_per_s``, and the ratio.
+  the learners started), ``moba_env_steps_per_s`` (env ranks' stepping rate), ``staleness_mean``, ``reuse``; and
+  the serial runner on the same work (same env copies, segment length, batch and model) in one process for the
+  same number of updates: ``serial_samples_per_s``, and the ratio.
 - CartPole-v1 through the distributed job (``experiment=cartpole``): ``cartpole_env_steps_per_s`` consumed,
   whether greedy evaluation reached 475, its reuse and staleness; beside Stable-Baselines3 PPO (rl-zoo settings)
   measured in the same run: ``sb3_env_steps_per_s``.
+
+``--async-actions`` runs both distributed jobs with OpenAI Five's asynchronous action offset
+(``pipeline.async_actions=true``), which overlaps env stepping with inference.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--moba-versions", type=int, default=30)
     parser.add_argument("--cartpole-versions", type=int, default=400)
     parser.add_argument("--skip-sb3", action="store_true")
+    parser.add_argument("--async-actions", action="store_true", help="pipeline.async_actions=true in both jobs")
 
 
 def _run_job(runs: Path, name: str, overrides: list[str], timeout: float) -> dict:
@@ -74,15 +78,16 @@ def _serial_samples_per_s(versions: int) -> float:
 
 def run(args) -> dict:
     set_torch_threads()
-    out: dict = {}
+    out: dict = {"async_actions": bool(args.async_actions)}
+    offset = [f"pipeline.async_actions={str(bool(args.async_actions)).lower()}"]
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp)
-        moba = _run_job(runs, "moba", [f"pipeline.max_versions={args.moba_versions}"], timeout=3600)
+        moba = _run_job(runs, "moba", [f"pipeline.max_versions={args.moba_versions}", *offset], timeout=3600)
         out.update({f"moba_{k}": v for k, v in moba.items()})
         out["serial_samples_per_s"] = _serial_samples_per_s(args.moba_versions)
         out["moba_vs_serial"] = moba["samples_per_s"] / out["serial_samples_per_s"]
 
-        cartpole = _run_job(runs, "cartpole", ["experiment=cartpole",
+        cartpole = _run_job(runs, "cartpole", ["experiment=cartpole", *offset,
                                                 f"pipeline.max_versions={args.cartpole_versions}"], timeout=3600)
         from hpc_rl.evaluation import evaluate_return, load_policy
 

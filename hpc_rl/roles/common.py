@@ -30,6 +30,11 @@ TAG_METRICS = 12  # learner 0 -> controller: one published version's metrics
 TAG_CHECKPOINT = 13  # learner 0 -> controller: (version, sections) to commit
 TAG_STOP = 14  # controller -> learner 0: stop at this version; controller -> env ranks: stop now
 TAG_DONE = 15  # learner 0 -> controller: the learners stopped at this version
+TAG_ACCOUNTING = 16  # every inference and learner rank -> controller at the end: segment ids produced/consumed
+TAG_POOL = 17  # controller -> inference ranks: the opponent pool {"versions": [...], "qualities": [...]}
+TAG_POOL_RESULT = 18  # inference rank -> controller: [(past version, score of the learning side), ...]
+TAG_EVALUATION = 19  # evaluator rank -> controller: one version's games against the reference agents
+TAG_HALT = 20  # learner 0 -> controller: the learners halted on non-finite losses (the message says why)
 
 
 def seed_for(seed: int, rank: int, version: int) -> int:

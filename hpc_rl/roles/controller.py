@@ -3,9 +3,12 @@
     while not finished: receive heartbeats, metrics and checkpoints; write them; watch for silent ranks;
                         turn a signal or the time limit into "stop at version V"
 
-Only the controller writes files (``config.yaml``, ``meta.json``, ``metrics.h5``, ``checkpoints/``). It prints one
-progress line per published version. A rank silent for ``heartbeat_timeout_s`` is named in the log and the job
-aborted: a hung rank must not hold an allocation forever.
+Only the controller writes files (``config.yaml``, ``meta.json``, ``metrics.h5``, ``checkpoints/``, ``pool.h5``). It
+prints one progress line per published version. It keeps the opponent pool: every checkpoint retention keeps for
+good (each ``keep_every``-th version) enters it; inference ranks report their games against past versions, the
+controller lowers the beaten versions' qualities and sends the pool back to them. It keeps the evaluator ranks'
+TrueSkill table (``ratings.json``) and writes their ratings to ``metrics.h5``. A rank silent for
+``heartbeat_timeout_s`` is named in the log and the job aborted: a hung rank must not hold an allocation forever.
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ from mpi4py import MPI
 
 from hpc_rl.config import TrainConfig
 from hpc_rl.analysis import wilson_interval
-from hpc_rl.roles.common import (TAG_CHECKPOINT, TAG_DONE, TAG_HEARTBEAT, TAG_METRICS, TAG_STOP, Backoff, StopFlag,
-                                 fail)
+from hpc_rl.league.pool import OpponentPool
+from hpc_rl.league.evaluate import RatingBook, rating_line
+from hpc_rl.roles.common import (TAG_ACCOUNTING, TAG_CHECKPOINT, TAG_DONE, TAG_EVALUATION, TAG_HALT, TAG_HEARTBEAT,
+                                 TAG_METRICS, TAG_POOL, TAG_POOL_RESULT, TAG_STOP, Backoff, StopFlag, fail)
 from hpc_rl.slurm import slurm_job_id
-from hpc_rl.storage import MetricsWriter, commit_checkpoint, prune_checkpoints
+from hpc_rl.storage import MetricsWriter, commit_checkpoint, prune_checkpoints, read_pool, write_pool
+from hpc_rl.storage.checkpoint import checkpoint_name
+from hpc_rl.storage.tensorboard import TENSORBOARD_DIR, open_export
 from hpc_rl.topology import Role, Topology
 
 log = logging.getLogger(__name__)
-TAG_ACCOUNTING = 16  # every inference and learner rank -> controller at the end: segment ids produced/consumed
 
 
 class Controller:
@@ -39,6 +45,11 @@ class Controller:
         self.stop_flag = stop_flag
         self.metrics = MetricsWriter(run_dir / "metrics.h5", resume_version=resume_version if resume_version >= 0
                                      else None)
+        # TensorBoard's view of metrics.h5, when tensorboard is installed: this attempt starts at the next version.
+        self.tensorboard = open_export(run_dir / TENSORBOARD_DIR, first_version=max(resume_version, 0) + 1)
+        if self.tensorboard is None:
+            log.info("tensorboard is not installed: TensorBoard export is off (metrics.h5 has every metric; "
+                     "python -m hpc_rl.storage.tensorboard exports it later)")
         self.last_seen = {r: time.monotonic() for r in range(1, comm.Get_size())}
         self.stats: dict[int, dict] = {}
         self.version = max(resume_version, 0)
@@ -50,6 +61,49 @@ class Controller:
         self.history: deque[np.ndarray] = deque(maxlen=11)
         self.started = time.monotonic()
         self.last_line = (time.monotonic(), 0.0)
+        self.pool = self._load_pool(resume_version) if config.uses_league else None
+        # Evaluator ranks: the TrueSkill table (ratings.json, continued on resume) and each committed version's
+        # (env steps, wall time), so a rating arriving later is written where its version was trained.
+        self.ratings = RatingBook.load(run_dir, resume_version) if topology.ranks(Role.EVALUATOR) else None
+        self.commit_rows: dict[int, tuple[int, float]] = {}
+        self.pool_changed = False
+        self.past_games = self.past_score = 0.0  # games against past versions (and the learning side's score) since
+        #                                          the last published version
+
+    # --- the opponent pool ------------------------------------------------------------------------------
+    def _load_pool(self, resume_version: int) -> OpponentPool:
+        """The pool of ``pool.h5``, without versions newer than the resumed one or whose checkpoint is gone."""
+        league = self.config.league
+        pool = OpponentPool(latest_fraction=1.0 - league.past_fraction, eta=league.eta)
+        stored = read_pool(self.run_dir / "pool.h5") if resume_version >= 0 else None
+        if stored is not None:
+            for version, quality in zip(stored[0], stored[1]):
+                if version <= resume_version and (self.run_dir / "checkpoints" / checkpoint_name(version)).is_file():
+                    pool.versions.append(version)
+                    pool.qualities.append(quality)
+            log.info("opponent pool: %d past versions from pool.h5 (%d stored)", len(pool.versions), len(stored[0]))
+        return pool
+
+    def _save_pool(self) -> None:
+        write_pool(self.run_dir / "pool.h5", self.pool.versions, self.pool.qualities, eta=self.pool.eta,
+                   latest_fraction=self.pool.latest_fraction)
+
+    def _save_and_send_pool(self) -> None:
+        self._save_pool()
+        if self.learners_done is not None:
+            return  # inference ranks are stopping; they drain only what was sent before (see run.py)
+        message = {"versions": list(self.pool.versions), "qualities": list(self.pool.qualities)}
+        for rank in self.topology.ranks(Role.INFERENCE):
+            self.comm.send(message, dest=rank, tag=TAG_POOL)
+        self.pool_changed = False
+
+    def _on_pool_results(self, results: list[tuple[int, float]]) -> None:
+        for version, score in results:
+            self.past_games += 1
+            self.past_score += score
+            if score == 1.0 and version in self.pool.versions:
+                self.pool.record_win(version)
+                self.pool_changed = True
 
     # --- messages ---------------------------------------------------------------------------------------
     def service(self) -> bool:
@@ -71,6 +125,12 @@ class Controller:
                 self.learners_done = int(message)
             elif tag == TAG_ACCOUNTING:
                 self.accounting[source] = message
+            elif tag == TAG_HALT:
+                self._on_halt(message)
+            elif tag == TAG_POOL_RESULT:
+                self._on_pool_results(message)
+            elif tag == TAG_EVALUATION:
+                self._on_evaluation(message)
         return got
 
     def _role_stats(self, role: Role) -> list[dict]:
@@ -99,15 +159,26 @@ class Controller:
             metrics["eval/games_vs_scripted"] = games
         if episodes and returns:
             metrics["stats/episode_return"] = returns / episodes
-        self.metrics.log_many(metrics, version=version, step=int(steps))
+        if self.pool is not None:
+            metrics["league/pool_size"] = float(len(self.pool.versions))
+            if self.past_games:
+                metrics["league/games_vs_past"] = self.past_games
+                metrics["league/score_vs_past"] = self.past_score / self.past_games
+                self.past_games = self.past_score = 0.0
+            if self.pool_changed:
+                self._save_and_send_pool()
+        now = time.time()
+        self.metrics.log_many(metrics, version=version, step=int(steps), wall_time=now)
+        if self.tensorboard is not None:
+            self.tensorboard.log_many(metrics, version, wall_time=now)
         self._progress(version, metrics, int(wins), int(games))
 
     def _progress(self, version: int, m: dict, wins: int, games: int) -> None:
         low, high = wilson_interval(wins, games)
         win = f"{wins / games:.2f} [{low:.2f},{high:.2f}] n={games}" if games else "n/a"
         line = (f"v{version:5d}  env {m['perf/env_steps_per_s']:8.0f} steps/s  staleness {m['data/staleness_mean']:.2f}"
-                f"  reuse {m['data/reuse']:.2f}  win vs scripted {win}  policy_loss {m.get('train/policy_loss', 0):+.3f}"
-                f"  entropy {m.get('train/entropy', 0):.3f}")
+                f"  reuse {m['data/reuse']:.2f}  ring {m.get('perf/ring_occupancy', 0):.2f}  win vs scripted {win}"
+                f"  policy_loss {m.get('train/policy_loss', 0):+.3f}  entropy {m.get('train/entropy', 0):.3f}")
         if "stats/episode_return" in m:
             line += f"  return {m['stats/episode_return']:.1f}"
         print(line, flush=True)
@@ -124,6 +195,29 @@ class Controller:
         self.committed = version
         prune_checkpoints(self.run_dir / "checkpoints", self.config.pipeline.keep_last, self.config.pipeline.keep_every)
         log.info("committed %s", path.name)
+        if self.ratings is not None:
+            self.commit_rows[version] = (sum(s.get("env_steps", 0) for s in self._role_stats(Role.ENV)), time.time())
+        joins = version % self.config.pipeline.keep_every == 0
+        if self.pool is not None and joins and version not in self.pool.versions:
+            self.pool.add(version)  # kept for good by retention, so it stays loadable
+            log.info("version %d joins the opponent pool (%d past versions)", version, len(self.pool.versions))
+            self._save_and_send_pool()
+
+    def _on_evaluation(self, result: dict) -> None:
+        """An evaluator rank's games of one version: update the TrueSkill table, write eval/* at that version."""
+        version = result["version"]
+        if version <= self.ratings.last_version:  # in the table already (a resumed run's evaluator starts after it)
+            return
+        figures = self.ratings.add(version, result["matches"])
+        self.ratings.save()
+        step, wall = self.commit_rows.get(version, (0, time.time()))
+        self.commit_rows = {v: row for v, row in self.commit_rows.items() if v > version}
+        self.metrics.log_many(figures, version=version, step=step, wall_time=wall)
+        if self.tensorboard is not None:
+            self.tensorboard.log_many(figures, version, wall_time=wall)
+        line = rating_line(version, figures)
+        print(line, flush=True)
+        log.info(line)
 
     # --- decisions --------------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -156,6 +250,8 @@ class Controller:
         """Until the learners are done and the final checkpoint is committed; returns the final version."""
         backoff = Backoff(self.config.transport.poll)
         stopped_envs = False
+        if self.pool is not None and self.pool.versions:
+            self._save_and_send_pool()
         while True:
             if self.service():
                 backoff.reset()
@@ -166,11 +262,32 @@ class Controller:
                     self.comm.send(True, dest=rank, tag=TAG_STOP)
                 stopped_envs = True
             if self.learners_done is not None and self.committed >= self.learners_done:
+                # Evaluator ranks stop now; after a finished run they rate its final version first (not after a
+                # signal or the time limit, when the job must end soon).
+                final = self.learners_done if self.stop_reason == "finished" else None
+                for rank in self.topology.ranks(Role.EVALUATOR):
+                    self.comm.send({"rate_final": final}, dest=rank, tag=TAG_STOP)
                 return self.learners_done
             backoff.wait()
 
+    def _on_halt(self, reason: str) -> None:
+        """The learners halted on non-finite losses and wait for the end: write the metrics so far (the skipped
+        updates are counted there as train/nonfinite_skipped) and the status, then abort the job, so it ends
+        non-zero and a scheduler does not take it for finished."""
+        self.metrics.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        status = {"state": "halted_nonfinite", "version": self.version, "committed": self.committed,
+                  "reason": reason, "time": time.time()}
+        (self.run_dir / "status.json").write_text(json.dumps(status) + "\n")
+        fail(log, f"{reason}. Last committed checkpoint: version {self.committed}. Aborting the job.")
+
     def finish(self) -> None:
         self.metrics.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.pool is not None and self.pool.versions:
+            self._save_pool()  # the latest qualities (the ranks have stopped)
         produced = sorted(tuple(i) for r in self.topology.ranks(Role.INFERENCE)
                           for i in self.accounting.get(r, {}).get("produced", []))
         consumed = sorted(tuple(i) for r in self.topology.ranks(Role.LEARNER)

@@ -4,9 +4,16 @@
     while not stopped: send_request(obs, events, dones); actions = wait_reply(); obs, events, dones = env.step(actions)
 
 Each request carries the events and dones of the previous step beside the new observation, so the inference rank
-completes step t-1 of its segments when step t arrives. In MOBA, the first ``scripted_copies`` copies of every env
-rank let the frozen scripted bot play team 1: the learning side's games there measure its win rate against the bot,
-and the inference rank gives the bot's steps no training weight.
+completes step t-1 of its segments when step t arrives.
+
+With ``pipeline.async_actions`` (OpenAI Five's asynchronous action offset) the env does not wait for the action of
+the observation it just sent: it steps with the previous one while the inference rank computes the next, so env
+and inference work overlap. The action chosen at observation t is applied at step t+1 (the very first step applies
+action 0 of every head, a no-op in MOBA); the policy learns to act one step ahead, as OpenAI Five's did.
+
+In MOBA, the first ``scripted_copies`` copies of every env rank let the frozen scripted bot play team 1: the learning
+side's games there measure its win rate against the bot, and the inference rank gives the bot's steps no training
+weight.
 """
 
 from __future__ import annotations
@@ -67,36 +74,47 @@ class EnvWorker:
 
     def run(self) -> None:
         n = self.config.env.num_envs
-        obs = self.env.reset(seed_for(self.config.seed, self.rank, self.version))
-        events = np.zeros((n, self.spec.num_agents, len(self.spec.reward_events)), np.float32)
-        done = np.zeros(n, bool)
-        winner = np.full(n, -1, np.int64)
-        game_steps = np.zeros(n)
-        started = time.monotonic()
+        self.obs = self.env.reset(seed_for(self.config.seed, self.rank, self.version))
+        self.events = np.zeros((n, self.spec.num_agents, len(self.spec.reward_events)), np.float32)
+        self.done = np.zeros(n, bool)
+        self.winner = np.full(n, -1, np.int64)
+        self.game_steps = np.zeros(n)
+        self.started = time.monotonic()
+        offset = self.config.pipeline.async_actions
+        previous = {k: np.zeros(f.shape, f.dtype) for k, f in self.replies.fields.items()}
         while True:
             stop = self.link.receive(TAG_STOP) is not None
-            message = {**obs, "events": events, "done": done, "winner": winner,
-                       "game_time": (game_steps * self.config.env.step_seconds).astype(np.float32),
+            message = {**self.obs, "events": self.events, "done": self.done, "winner": self.winner,
+                       "game_time": (self.game_steps * self.config.env.step_seconds).astype(np.float32),
                        "stop": np.array([stop])}
             self.exchange.send_request(self.requests.pack(message, self.buffer))
             if stop:
                 return
-            reply = patiently(self.exchange.wait_reply, self.link, self.config.transport.timeout_s)
-            actions = {k: v.copy() for k, v in self.replies.unpack(reply).items()}
-            if self.bot is not None:
-                bot = self.bot.act(obs)
-                for head in actions:
-                    actions[head][:self.scripted][:, self.bot_agents] = bot[head][:self.scripted][:, self.bot_agents]
-            obs, events, done, infos = self.env.step(actions)
-            game_steps += 1
-            game_steps[done] = 0
-            winner = np.asarray(infos["winner"], np.int64)
-            self._count(done, winner)
-            if "episode_return" in infos and done.any():
-                self.returns_sum += float(np.asarray(infos["episode_return"])[done].sum())
-            self.link.beat({"env_steps": self.steps, "games": self.games, "bot_games": self.bot_games,
-                            "bot_wins": self.bot_wins, "returns_sum": self.returns_sum,
-                            "seconds": time.monotonic() - started})
+            if offset:  # step with the previous action while the inference rank computes this one
+                self._step(previous)
+                previous = self._wait_actions()
+            else:
+                self._step(self._wait_actions())
+
+    def _wait_actions(self) -> dict[str, np.ndarray]:
+        reply = patiently(self.exchange.wait_reply, self.link, self.config.transport.timeout_s)
+        return {k: v.copy() for k, v in self.replies.unpack(reply).items()}
+
+    def _step(self, actions: dict[str, np.ndarray]) -> None:
+        if self.bot is not None:  # the scripted bot acts on what it sees now
+            bot = self.bot.act(self.obs)
+            for head in actions:
+                actions[head][:self.scripted][:, self.bot_agents] = bot[head][:self.scripted][:, self.bot_agents]
+        self.obs, self.events, self.done, infos = self.env.step(actions)
+        self.game_steps += 1
+        self.game_steps[self.done] = 0
+        self.winner = np.asarray(infos["winner"], np.int64)
+        self._count(self.done, self.winner)
+        if "episode_return" in infos and self.done.any():
+            self.returns_sum += float(np.asarray(infos["episode_return"])[self.done].sum())
+        self.link.beat({"env_steps": self.steps, "games": self.games, "bot_games": self.bot_games,
+                        "bot_wins": self.bot_wins, "returns_sum": self.returns_sum,
+                        "seconds": time.monotonic() - self.started})
 
     def _count(self, done: np.ndarray, winner: np.ndarray) -> None:
         self.steps += self.config.env.num_envs

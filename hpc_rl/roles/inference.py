@@ -1,30 +1,41 @@
-"""Inference rank: batches every agent of its env ranks, runs the latest policy, assembles segments for learners.
+"""Inference rank: batches every agent of its env ranks, runs the latest policy and the opponents' past versions,
+assembles segments for learners.
 
-    while envs run: requests = wait_requests(); complete step t-1 with its rewards; act on step t; reply;
+    while envs run: requests = wait_requests(); complete step t-1 with its rewards; pick opponents of new games;
+                    act on step t (latest policy, then past versions for their agents); reply;
                     ship full segments round-robin to learners; pull newer parameters
 
 Per env rank it keeps one ``SegmentBuffer`` (the runner's) and the LSTM state of every agent. A step is stored when
 the next request brings its reward and done; a segment is shipped when its ``segment_len`` steps are complete, with
 the value of the following observation as its bootstrap value. Every step records the behaviour policy version.
-Agents whose actions the env overrides (the scripted bot's side) get training weight 0.
+Agents the latest policy does not play get training weight 0: the scripted bot's side (the env overrides its
+actions) and, in games against a past version drawn from the opponent pool (OpenAI Five's 20%), that version's side.
+The pool's versions and qualities come from the controller; the results of those games go back to it.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from hpc_rl.algo.rewards import shape_rewards
 from hpc_rl.config import TrainConfig
+from hpc_rl.envs.api import EnvSpec
+from hpc_rl.league.pool import LATEST, OpponentPool
+from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.device import select_device, to_device
 from hpc_rl.model.policy import Policy, PolicyStep, hero_indices
-from hpc_rl.roles.common import ControlLink, load_policy_vector, patiently
+from hpc_rl.roles.common import TAG_POOL, TAG_POOL_RESULT, ControlLink, load_policy_vector, patiently, seed_for
 from hpc_rl.roles.env_worker import reply_layout, request_layout
 from hpc_rl.roles.segments import SegmentShape, pack_segment
-from hpc_rl.runner import SegmentBuffer, act
+from hpc_rl.runner import SegmentBuffer, act, to_torch_tree
+from hpc_rl.storage import load_checkpoint
+from hpc_rl.storage.checkpoint import checkpoint_name
 from hpc_rl.topology import local_rank
 from hpc_rl.transport import ExperienceRing, ParameterChannel, StepExchange
 from hpc_rl.transport.wait import Waiter
@@ -38,6 +49,29 @@ class _Pending:
     starts: np.ndarray
     step: PolicyStep
     version: int
+    weight: np.ndarray  # training weight of every agent's step (0 for the sides the latest policy did not play)
+
+
+class PastPolicies:
+    """Past versions of the policy, loaded read-only from their checkpoint files; the least recently used is
+    dropped beyond ``capacity``."""
+
+    def __init__(self, spec: EnvSpec, model: ModelConfig, directory: Path, capacity: int, device: torch.device):
+        self.spec, self.model, self.directory, self.capacity, self.device = spec, model, directory, capacity, device
+        self.loaded: OrderedDict[int, Policy] = OrderedDict()
+
+    def get(self, version: int) -> Policy:
+        if version in self.loaded:
+            self.loaded.move_to_end(version)
+            return self.loaded[version]
+        ckpt = load_checkpoint(self.directory / checkpoint_name(version))  # raises naming the file if it is bad
+        policy = Policy(self.spec, self.model).to(self.device)
+        policy.load_state_dict(to_torch_tree(ckpt.sections["params"]))
+        policy.eval()
+        self.loaded[version] = policy
+        if len(self.loaded) > self.capacity:
+            self.loaded.popitem(last=False)
+        return policy
 
 
 class InferenceWorker:
@@ -77,6 +111,20 @@ class InferenceWorker:
         self.segments = 0
         self.samples = 0
         self.produced_ids: list[tuple[int, int, int]] = []  # (this rank, env rank, segment number) of every segment
+        # The opponent pool: in self-play copies, the side ``past_side`` of every game is played by the version
+        # ``opponent[e][copy]`` (LATEST: the latest policy, which then plays and learns both sides).
+        self.league = config.uses_league
+        self.pool = OpponentPool(latest_fraction=1.0 - config.league.past_fraction, eta=config.league.eta)
+        self.past = PastPolicies(self.spec, config.model, Path(config.runs_dir) / config.run_name / "checkpoints",
+                                 config.league.cached_policies, self.device)
+        self.opponent = {e: np.full(n, LATEST, np.int64) for e in env_ranks}
+        self.self_play = np.arange(n) >= config.env.scripted_copies()
+        team = np.asarray(self.spec.agent_team)
+        # The past version plays team 1 in even copies and team 0 in odd ones, so the latest policy learns both sides.
+        self.past_side = team[None, :] == (1 - np.arange(n) % 2)[:, None]  # (copies, agents)
+        self.results: list[tuple[int, float]] = []
+        self.rng: np.random.Generator | None = None
+        self.past_games = 0
 
     def _weights(self) -> np.ndarray:
         """1 for steps of learning agents the policy controls, 0 for the scripted bot's side."""
@@ -99,7 +147,45 @@ class InferenceWorker:
         _, payload = got
         version = int(payload[:8].view(np.int64)[0])
         load_policy_vector(self.policy, payload[8:].view(np.float32))
+        if self.rng is None:  # seeded from (seed, rank, version) like env ranks, so a resumed run draws afresh
+            self.rng = np.random.default_rng(seed_for(self.config.seed, self.exchange.rank, version))
         self.version = version
+
+    def receive_pool(self) -> None:
+        while (message := self.link.receive(TAG_POOL)) is not None:
+            self.pool.versions, self.pool.qualities = list(message["versions"]), list(message["qualities"])
+
+    def _next_games(self, e: int, message: dict[str, np.ndarray], first: bool) -> None:
+        """Score the finished games against past versions and draw the opponents of the games starting now."""
+        starting = self.self_play.copy() if first else self.self_play & message["done"]
+        for c in np.flatnonzero(starting):
+            past = int(self.opponent[e][c])
+            if past != LATEST and not first:
+                learner_team = c % 2  # the past version played the other side (see ``past_side``)
+                winner = int(message["winner"][c])  # -1: a draw (time limit)
+                self.results.append((past, 0.5 if winner < 0 else float(winner == learner_team)))
+            self.opponent[e][c] = self.pool.sample(self.rng)
+            self.past_games += int(self.opponent[e][c] != LATEST)
+
+    def _play_past_versions(self, env_ranks: list[int], obs: dict[str, torch.Tensor], hero: torch.Tensor,
+                            starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], step: PolicyStep
+                            ) -> dict[int, np.ndarray]:
+        """Overwrite the actions and LSTM states of the agents past versions play; their training weights."""
+        agents = self.spec.num_agents
+        weights, played = {}, {}
+        for i, e in enumerate(env_ranks):
+            past = (self.opponent[e][:, None] != LATEST) & self.past_side  # (copies, agents)
+            weights[e] = np.where(past.reshape(-1), 0.0, self.weight).astype(np.float32)
+            for c, a in zip(*np.nonzero(past)):
+                played.setdefault(int(self.opponent[e][c]), []).append(i * self.per_env + c * agents + a)
+        for version, rows in played.items():
+            idx = torch.as_tensor(rows, device=self.device)
+            theirs = act(self.past.get(version), {k: v[idx] for k, v in obs.items()}, hero[idx], starts[idx],
+                         (state[0][idx], state[1][idx]))
+            for head, chosen in theirs.actions.items():
+                step.actions[head][idx] = chosen
+            step.state[0][idx], step.state[1][idx] = theirs.state
+        return weights
 
     def run(self) -> None:
         self._pull_parameters(wait=True)
@@ -115,7 +201,11 @@ class InferenceWorker:
             if active:
                 self._step(active, {e: messages[e] for e in active})
             self._pull_parameters(wait=False)
+            if self.results:
+                self.link.send(self.results, TAG_POOL_RESULT)
+                self.results = []
             self.link.beat({"segments": self.segments, "samples": self.samples, "version": self.version,
+                            "past_games": self.past_games,
                             "mean_batch": self.batch_agents / max(self.batches, 1),
                             "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
                             "seconds": time.monotonic() - started})
@@ -142,9 +232,16 @@ class InferenceWorker:
         before = {e: self.state[e] for e in env_ranks}
         state = tuple(torch.cat([self.state[e][i] for e in env_ranks]) for i in range(2))
         hero = torch.from_numpy(np.tile(self.hero, len(env_ranks))).to(self.device)
+        obs_t = to_device(obs, self.device)
+        starts_t = torch.from_numpy(np.concatenate([starts[e] for e in env_ranks])).to(self.device)
         t0 = time.perf_counter()
-        step = act(self.policy, to_device(obs, self.device), hero,
-                   torch.from_numpy(np.concatenate([starts[e] for e in env_ranks])).to(self.device), state)
+        step = act(self.policy, obs_t, hero, starts_t, state)
+        weights = {e: self.weight for e in env_ranks}
+        if self.league:
+            self.receive_pool()
+            for e in env_ranks:
+                self._next_games(e, messages[e], first=self.pending[e] is None)
+            weights = self._play_past_versions(env_ranks, obs_t, hero, starts_t, state, step)
         self.infer_seconds += time.perf_counter() - t0
         self.batches += 1
         self.batch_agents += len(env_ranks) * self.per_env
@@ -157,7 +254,7 @@ class InferenceWorker:
             self.exchange.send_reply(e, self.replies.pack(reply, self.reply_buffer))
             self._complete(e, messages[e], mine)
             self.buffers[e].store_state(self.t[e], before[e])
-            self.pending[e] = _Pending(flat[e], starts[e], mine, self.version)
+            self.pending[e] = _Pending(flat[e], starts[e], mine, self.version, weights[e])
             self.state[e] = mine.state
 
     def _complete(self, e: int, message: dict[str, np.ndarray], now: PolicyStep) -> None:
@@ -170,7 +267,7 @@ class InferenceWorker:
                                message["game_time"]).reshape(-1)
         done = np.repeat(message["done"], self.spec.num_agents)
         t = self.t[e]
-        self.buffers[e].store(t, pending.obs, self.hero, pending.starts, pending.step, reward, done, self.weight,
+        self.buffers[e].store(t, pending.obs, self.hero, pending.starts, pending.step, reward, done, pending.weight,
                               pending.version)
         self.t[e] = t + 1
         if self.t[e] == self.config.pipeline.segment_len:

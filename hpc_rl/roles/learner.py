@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from hpc_rl.config import TrainConfig
 from hpc_rl.model.device import select_device
 from hpc_rl.model.policy import Policy
 from hpc_rl.roles.allreduce import make_allreduce
-from hpc_rl.roles.common import (TAG_CHECKPOINT, TAG_DONE, TAG_METRICS, TAG_STOP, Backoff, ControlLink,
+from hpc_rl.roles.common import (TAG_CHECKPOINT, TAG_DONE, TAG_HALT, TAG_METRICS, TAG_STOP, Backoff, ControlLink,
                                  policy_vector)
 from hpc_rl.roles.segments import SegmentError, SegmentShape, concat, unpack_segment, validate
 from hpc_rl.runner import Batch, Learner
@@ -44,28 +44,6 @@ class _Held:
     ids: tuple[int, int, int]  # (inference rank, env rank, segment number)
     queued: bool = True  # still in the staleness queue
     uses: int = 0
-
-
-def to_numpy_tree(obj):
-    """Tensors in a nested state (state_dicts) to numpy arrays, for storage."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().numpy()
-    if isinstance(obj, dict):
-        return {k: to_numpy_tree(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_numpy_tree(v) for v in obj)
-    return obj
-
-
-def to_torch_tree(obj):
-    """The inverse of ``to_numpy_tree``."""
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(np.array(obj))
-    if isinstance(obj, dict):
-        return {k: to_torch_tree(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_torch_tree(v) for v in obj)
-    return obj
 
 
 class LearnerWorker:
@@ -93,6 +71,7 @@ class LearnerWorker:
         self.produced = 0.0  # samples received by this learner
         self.consumed = 0.0  # samples used by gradient steps (every PPO epoch counts)
         self.rejected = 0
+        self.ring_ready, self.ring_polls = 0.0, 0  # READY slots summed over the polls since the last update
         self.nonfinite_streak = 0
         self.staleness_hist = np.zeros(STALENESS_BINS)
         self.consumed_ids: list[tuple[int, int, int]] = []
@@ -101,18 +80,10 @@ class LearnerWorker:
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def sections(self) -> dict:
-        state = self.learner.state_dict()
-        return {"params": to_numpy_tree(state["policy"]), "optimizer": to_numpy_tree(state["optimizer"]),
-                "clip": to_numpy_tree(state["clip"]), "normalizers": to_numpy_tree(state["normalizers"]),
-                "learner": {"version": self.learner.version, "rng": state["generator"].numpy()}}
+        return self.learner.checkpoint_sections()
 
     def load(self, sections: dict) -> None:
-        self.learner.load_state_dict({"policy": to_torch_tree(sections["params"]),
-                                      "optimizer": to_torch_tree(sections["optimizer"]),
-                                      "clip": to_torch_tree(sections["clip"]),
-                                      "normalizers": sections["normalizers"],
-                                      "version": sections["learner"]["version"],
-                                      "generator": torch.from_numpy(np.array(sections["learner"]["rng"]))})
+        self.learner.load_checkpoint_sections(sections)
 
     # --- the loop ---------------------------------------------------------------------------------------
     def publish(self) -> None:
@@ -123,16 +94,24 @@ class LearnerWorker:
         self.params.publish(payload)
 
     def _take_segments(self) -> None:
-        for seg in self.ring.poll():
-            try:
-                batch, env_rank, seq = unpack_segment(self.layout, seg.payload)
-                validate(batch, self.spec, self.learner.version)
-            except SegmentError as err:
-                self.rejected += 1
-                log.warning("segment from rank %d seq %d rejected: %s", seg.writer, seg.seq, err)
-                continue
-            self.produced += float(batch.weight.sum())
-            self.held.append(_Held(batch, (seg.writer, env_rank, seq)))
+        self.ring_ready += self.ring.ready_slots()  # ring occupancy, sampled at every poll
+        self.ring_polls += 1
+        # Segments are read in place, where the writers put them: unpack_segment copies every field into tensors
+        # the batch owns, and only then are the slots handed back to the writers (one copy instead of two).
+        views = self.ring.take_view()
+        try:
+            for seg in views:
+                try:
+                    batch, env_rank, seq = unpack_segment(self.layout, seg.payload)
+                    validate(batch, self.spec, self.learner.version)
+                except SegmentError as err:
+                    self.rejected += 1
+                    log.warning("segment from rank %d seq %d rejected: %s", seg.writer, seg.seq, err)
+                    continue
+                self.produced += float(batch.weight.sum())
+                self.held.append(_Held(batch, (seg.writer, env_rank, seq)))
+        finally:
+            self.ring.release(views)
         # OpenAI Five's staleness ablation: segments pass through a FIFO holding N versions' worth of batches, so
         # each is trained on about N versions after it arrived.
         queued = [h for h in self.held if h.queued]
@@ -208,31 +187,57 @@ class LearnerWorker:
         hist = np.bincount(np.minimum(staleness, STALENESS_BINS - 1), minlength=STALENESS_BINS)
         self.staleness_hist += hist
         self.consumed += float(batch.weight.sum()) * epochs
+        fault = self.config.pipeline.fault_nonfinite_from_version
+        if fault and self.learner.version + 1 >= fault:  # fault injection (tests, drills): NaN flows into the loss
+            batch = replace(batch, reward=torch.full_like(batch.reward, float("nan")))
         metrics = self.learner.update(batch)
         skipped = metrics.get("train/nonfinite_skipped", 0.0)
+        # Every learner skips the same steps (the non-finite test is allreduced), so every learner counts the same.
         self.nonfinite_streak = self.nonfinite_streak + 1 if skipped >= self.config.ppo.num_minibatches * epochs else 0
-        if self.nonfinite_streak >= self.config.pipeline.max_nonfinite:
-            raise FloatingPointError(f"{self.nonfinite_streak} updates in a row had non-finite losses; halting "
-                                     "before a NaN model is published or committed")
-        stale = torch.tensor(np.r_[hist, staleness.sum(), staleness.size], dtype=torch.float64)
+        stale = torch.tensor(np.r_[hist, staleness.sum(), staleness.size, self.ring_ready,
+                                   self.ring_polls * self.ring.config.slots], dtype=torch.float64)
         global_stale = self.allreduce.sum(stale).numpy()
+        self.ring_ready, self.ring_polls = 0.0, 0
         version = self.learner.version
         if self.index == 0:
             if version % self.config.pipeline.publish_every == 0:
                 self.publish()
             metrics.update({
-                "data/staleness_mean": global_stale[-2] / max(global_stale[-1], 1.0),
+                "data/staleness_mean": global_stale[-4] / max(global_stale[-3], 1.0),
                 "data/reuse": consumed_after / max(produced, 1.0),
                 "data/rejected_segments": rejected,
                 "perf/learner_samples_per_s": (consumed_after / epochs) / max(time.monotonic() - started, 1e-9),
                 "perf/buffer_segments": float(len(self.held)),
+                # fraction of ring slots READY (put, not yet taken), over every learner's polls since the last update
+                "perf/ring_occupancy": global_stale[-2] / max(global_stale[-1], 1.0),
                 "data/dropped_segments": float(len(self.evicted_ids)),  # learner 0's, since the start
             })
             for b in range(STALENESS_BINS):
                 metrics[f"data/staleness_hist/{b:02d}"] = float(global_stale[b])
             self.link.send((version, metrics), TAG_METRICS)
-            if version % self.config.pipeline.checkpoint_every == 0:
+            # A version whose update was skipped is not checkpointed: if the streak ends in a halt, the run resumes
+            # from the last version that trained.
+            if version % self.config.pipeline.checkpoint_every == 0 and not self.nonfinite_streak:
                 self.link.send((version, self.sections()), TAG_CHECKPOINT)
+        if self.nonfinite_streak >= self.config.pipeline.max_nonfinite:
+            self._halt(version)
+
+    def _halt(self, version: int) -> None:
+        """After ``max_nonfinite`` skipped updates in a row: learner 0 tells the controller, which writes the
+        metrics (this version's included) and status, then aborts the job. Every learner waits for that abort,
+        beating, instead of raising: an exception here would abort the job before the controller has written what
+        happened. If the controller does not end the job within ``heartbeat_timeout_s``, the learner raises."""
+        message = (f"non-finite halt at version {version}: {self.nonfinite_streak} updates in a row had non-finite "
+                   f"losses (pipeline.max_nonfinite={self.config.pipeline.max_nonfinite}); they were skipped on "
+                   "every learner and none of them was checkpointed")
+        log.error(message)
+        if self.index == 0:
+            self.link.send(message, TAG_HALT)
+        deadline = time.monotonic() + self.config.pipeline.heartbeat_timeout_s
+        while time.monotonic() < deadline:
+            self.link.beat()
+            time.sleep(0.1)
+        raise FloatingPointError(f"{message}; the controller did not end the job")
 
     def final_checkpoint(self) -> None:
         """Learner 0 ships the last version's state (the controller commits it unless already committed)."""

@@ -19,8 +19,8 @@ from mpi4py import MPI
 
 from hpc_rl.config import TrainConfig, to_yaml
 from hpc_rl.launch import set_torch_threads
-from hpc_rl.roles.common import CONTROLLER, Backoff, ControlLink, StopFlag, setup_logging
-from hpc_rl.roles.controller import TAG_ACCOUNTING, Controller
+from hpc_rl.roles.common import CONTROLLER, TAG_ACCOUNTING, Backoff, ControlLink, StopFlag, setup_logging
+from hpc_rl.roles.controller import Controller
 from hpc_rl.roles.env_worker import EnvWorker, reply_layout, request_layout
 from hpc_rl.roles.segments import SegmentShape
 from hpc_rl.storage import load_latest, write_meta
@@ -111,6 +111,10 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
                                 (resume_version, learner_state) if learner_state is not None else None)
         learner.run()
         learner.final_checkpoint()
+    elif placement.role is Role.EVALUATOR:
+        from hpc_rl.roles.evaluator import Evaluator
+
+        Evaluator(config, run_dir, link, resume_version).run()
 
     # Quiesce: wait for every rank to stop producing; learners drain, the controller keeps serving.
     barrier = control.Ibarrier()
@@ -123,9 +127,13 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
             controller.service()
         else:
             link.beat()
+        if inference is not None:  # pool updates the controller sent before it stopped sending them
+            inference.receive_pool()
         backoff.wait()
     if learner is not None:  # segments whose puts completed just before the last rank arrived
         left = learner.drain()
+    if inference is not None:
+        inference.receive_pool()
     if inference is not None:
         link.send({"produced": inference.produced_ids}, TAG_ACCOUNTING)
     if learner is not None:

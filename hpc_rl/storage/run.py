@@ -24,6 +24,7 @@ import yaml
 from hpc_rl.slurm import slurm_environment
 from hpc_rl.storage.checkpoint import Checkpoint, checkpoint_name, committed_versions, load_checkpoint, load_latest
 from hpc_rl.storage.metrics import read_metrics
+from hpc_rl.storage.pool import read_pool
 
 CONFIG_FILE = "config.yaml"
 META_FILE = "meta.json"
@@ -50,6 +51,12 @@ class Run:
     @property
     def metrics(self) -> dict[str, Any]:
         return read_metrics(self.path / METRICS_FILE)
+
+    @property
+    def pool(self) -> dict[str, Any] | None:
+        """The opponent pool: {"version": [...], "quality": [...], **attributes}, or None without a pool file."""
+        got = read_pool(self.path / POOL_FILE)
+        return None if got is None else {"version": got[0], "quality": got[1], **got[2]}
 
     @property
     def checkpoint_versions(self) -> list[int]:

@@ -3,7 +3,8 @@
 Channels are created collectively: every rank of the communicator constructs the channel with the same arguments
 (ranks that take no part pass through; window creation and ``Dup`` are collective), and every rank calls
 ``close()`` collectively at the end. Payloads are C-contiguous numpy arrays (any dtype; they travel as bytes);
-what a channel returns is a private uint8 copy the caller may keep.
+what a channel returns is a private uint8 copy the caller may keep, except the ring's ``take_view()``, which lends
+read-only views into the ring's own memory until ``release()``.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Segment:
     """One experience segment taken out of a ring: who wrote it, its writer-local sequence number, its bytes."""
 
     writer: int
     seq: int
-    payload: np.ndarray  # private uint8 copy, checked against ``checksum``
+    payload: np.ndarray  # uint8, checked against ``checksum``: a private copy (poll) or a read-only view (take_view)
     checksum: int
+    slot: int | None = None  # take_view: the ring slot the view lends until release(); None for a private copy
 
 
 class StepExchange(ABC):
@@ -120,8 +122,15 @@ class ExperienceRing(ABC):
         for seg in ring.poll(): buffer.add(seg.payload)   # private copies; the slots are free again
         rest = ring.close()                                # collective: drains what writers sent before closing
 
+    or, without the copy (the bytes are read where the writer put them)::
+
+        views = ring.take_view()                          # read-only views into the ring, checked
+        for seg in views: buffer.add(unpack(seg.payload))  # copy/convert them into private memory
+        ring.release(views)                                # only now may writers reuse those slots
+
     ``drops`` on a writer lists the (writer, seq) of every segment that writer's puts displaced; ``dropped_total()``
-    on the owner is the count over all writers.
+    on the owner is the count over all writers. ``ready_slots()`` on the owner counts the segments waiting in the
+    ring (the ring's occupancy).
     """
 
     channel = "ring"
@@ -165,13 +174,50 @@ class ExperienceRing(ABC):
     def put(self, payload: np.ndarray, timeout_s: float | None = None) -> int:
         """writer: hand one segment to the owner; returns its sequence number (1, 2, ... per writer)."""
 
-    @abstractmethod
     def poll(self, alloc: Callable[[int], np.ndarray] | None = None) -> list[Segment]:
         """owner: every segment ready now, copied out and checked; their slots are free again.
 
         ``alloc(nbytes)`` gives the uint8 array a segment is copied into (default: a new array). A learner passes
         rows of its preallocated experience buffer: no allocation, and no page faults, per segment.
         """
+        views = self.take_view()
+        try:
+            copies = []
+            for seg in views:
+                payload = alloc(seg.payload.size) if alloc is not None else np.empty(seg.payload.size, np.uint8)
+                np.copyto(payload, seg.payload)
+                copies.append(Segment(seg.writer, seg.seq, payload, seg.checksum))
+        finally:
+            self.release(views)
+        return copies
+
+    @abstractmethod
+    def take_view(self) -> list[Segment]:
+        """owner: every segment ready now and not yet taken, checked, as read-only views into the ring's memory.
+
+        A view stays valid, and its slot stays out of the writers' reach, until ``release()`` (or ``close()``):
+        copy what you keep before releasing. Segments come in the order the writers claimed their slots.
+        """
+
+    @abstractmethod
+    def release(self, segments: Iterable[Segment]) -> None:
+        """owner: hand the slots of views from ``take_view()`` back to the writers; the views become invalid.
+
+        Raises ValueError for a segment that is not a view currently held (a copy, or one already released)."""
+
+    @abstractmethod
+    def ready_slots(self) -> int:
+        """owner: slots holding a segment that was put and not yet taken (0..slots), without taking any."""
+
+    def _check_release(self, held: dict, segments: Iterable[Segment]) -> list[int]:
+        """The slots of ``segments``, each a view currently held; raises ValueError naming the first that is not."""
+        slots = []
+        for seg in segments:
+            if seg.slot is None or held.get(seg.slot) is not seg or seg.slot in slots:
+                raise ValueError(f"segment {seg.seq} from rank {seg.writer} is not a view held from take_view() "
+                                 f"(a copy from poll(), or already released)")
+            slots.append(seg.slot)
+        return slots
 
     @abstractmethod
     def dropped_total(self) -> int:

@@ -43,17 +43,19 @@ def as_bytes(payload) -> np.ndarray:
 
 
 # --- ring slot states (one 32-bit word per slot) -----------------------------------------------------------
-# FREE → WRITING(ticket) → READY(ticket) → FREE. The ticket makes every claim unique, so a Compare_and_swap that
-# expects READY(t) cannot succeed on a slot that was freed and refilled in between (no ABA: the same 30-bit
-# ticket returns to a slot only after 2^30 puts). State words are 32-bit because Open MPI 4.1's osc/rdma over
-# the vader BTL (what a single host selects) segfaults on a 64-bit Compare_and_swap (open-mpi/ompi#7967);
-# 32-bit atomics work there and everywhere.
+# FREE → WRITING(ticket) → READY(ticket) → FREE, and under drop_oldest READY(ticket) → TAKEN(ticket) → FREE while
+# the owner reads a slot in place. The ticket makes every claim unique, so a Compare_and_swap that expects READY(t)
+# cannot succeed on a slot that was freed and refilled in between (no ABA: the same 30-bit ticket returns to a
+# slot only after 2^30 puts). State words are 32-bit because Open MPI 4.1's osc/rdma over the vader BTL (what a
+# single host selects) segfaults on a 64-bit Compare_and_swap (open-mpi/ompi#7967); 32-bit atomics work there
+# and everywhere.
 STATE = np.dtype(np.uint32)
 STATE_BYTES = STATE.itemsize
 TICKET_BITS = 30
 FREE = 0
 PHASE_WRITING = 1
 PHASE_READY = 2
+PHASE_TAKEN = 3
 
 
 def writing(ticket: int) -> int:
@@ -64,8 +66,12 @@ def ready(ticket: int) -> int:
     return ((ticket & ((1 << TICKET_BITS) - 1)) << 2) | PHASE_READY
 
 
+def taken(ticket: int) -> int:
+    return ((ticket & ((1 << TICKET_BITS) - 1)) << 2) | PHASE_TAKEN
+
+
 def state_phase(state: int) -> str:
-    """"free", "writing" or "ready"."""
+    """"free", "writing", "ready" or "taken"."""
     if state == FREE:
         return "free"
     phase = state & 3
@@ -73,7 +79,9 @@ def state_phase(state: int) -> str:
         return "writing"
     if phase == PHASE_READY:
         return "ready"
-    raise ValueError(f"corrupt ring slot state word {state:#x}")
+    if phase == PHASE_TAKEN:
+        return "taken"
+    raise ValueError(f"ring slot state word {state:#x} has phase 0 but is not FREE (corrupt)")
 
 
 def state_ticket(state: int) -> int:

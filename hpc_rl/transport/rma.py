@@ -14,8 +14,8 @@ from mpi4py import MPI
 
 from hpc_rl.transport.channels import ExperienceRing, ParameterChannel, Segment, StepExchange
 from hpc_rl.transport.config import RingConfig, TransportConfig
-from hpc_rl.transport.layout import (ALIGN, FREE, PHASE_READY, PHASE_WRITING, STATE, STATE_BYTES, WORD, WORD_BYTES,
-                                     align, as_bytes, checksum, ready, state_phase, writing)
+from hpc_rl.transport.layout import (ALIGN, FREE, PHASE_READY, STATE, STATE_BYTES, WORD, WORD_BYTES, align,
+                                     as_bytes, checksum, ready, state_phase, taken, writing)
 from hpc_rl.transport.wait import TransportError, Waiter
 
 HEADER_BYTES = ALIGN  # every message slot: one cache line of header words, then the payload
@@ -94,6 +94,11 @@ class Window:
         self.win.Accumulate(self._state_origin, rank, offset, op=MPI.REPLACE)
         self.win.Flush(rank)
 
+    def replace_states(self, values: np.ndarray, rank: int, offset: int) -> None:
+        """Atomically store consecutive 32-bit state words (Accumulate is atomic per element, G3); completes at the
+        next ``flush(rank)``."""
+        self.win.Accumulate(values, rank, offset, op=MPI.REPLACE)
+
     def local_states(self, offset: int, count: int) -> np.ndarray:
         return self.mem[offset:offset + count * STATE_BYTES].view(STATE)
 
@@ -106,10 +111,6 @@ class Window:
         """Collective: end the epoch and free the window."""
         self.win.Unlock_all()
         self.win.Free()
-
-
-def _new_buffer(nbytes: int) -> np.ndarray:
-    return np.empty(nbytes, np.uint8)
 
 
 def _message_slot_bytes(capacity: int) -> int:
@@ -244,6 +245,8 @@ class RmaExperienceRing(ExperienceRing):
         self.window = Window(comm, self._slots + ring.slots * self._slot_bytes if self.is_owner else 0)
         self._meta = np.zeros(5, WORD)
         self._old_meta = np.zeros(5, WORD)
+        self._free_words = np.full(ring.slots, FREE, STATE)  # the origin of the owner's batched FREE stores
+        self._held: dict[int, Segment] = {}  # owner: slot -> the view lent by take_view(), until release()
         self._dropped_at_close: int | None = None  # the window is gone after close(); its last count stays
 
     def state_offset(self, slot: int) -> int:
@@ -298,44 +301,75 @@ class RmaExperienceRing(ExperienceRing):
         w.replace_state(ready(ticket), owner, state_at)
         return self.seq
 
-    def poll(self, alloc=None):
-        self._check_owner("poll")
-        alloc = alloc or _new_buffer
-        spare = None  # a buffer whose copy was discarded is reused for the next slot
+    def take_view(self):
+        self._check_owner("take_view")
         w, slot_bytes, checksums = self.window, self.config.slot_bytes, self.config.checksums
-        # Under `block` only the owner ever moves a slot out of READY (writers claim FREE slots only), so nothing
-        # can change the slot between the state load and the free: an atomic store frees it, cheaper than a CAS
-        # whose outcome is known. Under `drop_oldest` a writer may steal the slot meanwhile: the CAS detects it.
+        # Under `block` only the owner ever moves a slot out of READY (writers claim FREE slots only), so a READY
+        # slot cannot change until the owner frees it: the owner takes it without touching its state word. Under
+        # `drop_oldest` a writer may steal a READY slot: the owner's CAS READY(t) -> TAKEN(t) shuts writers out
+        # (they wait on TAKEN as on WRITING) before it reads a byte, or fails because a writer stole it first.
         steals = self.config.full_policy == "drop_oldest"
         w.sync()
         states = w.local_states(self._states, self.config.slots).tolist()
         w.sync()  # loads of the headers and payloads below are ordered after the loads of the states
         found = []
         for slot, state in enumerate(states):
-            if state & 3 != PHASE_READY:
-                if state != FREE and state & 3 != PHASE_WRITING:
+            if state & 3 != PHASE_READY or slot in self._held:
+                if state & 3 == 0 and state != FREE:
                     state_phase(state)  # raises ValueError naming the corrupt state word
+                continue
+            if steals and w.cas_state(state, taken(state >> 2), self.rank, self.state_offset(slot)) != state:
+                self.lost_races += 1  # a writer stole it between the load and the CAS; it counted the drop
                 continue
             at = self.slot_offset(slot)
             nbytes, writer, seq, expected_sum, ticket = w.local_words(at, 5).tolist()
-            nbytes_in_slot = min(nbytes, slot_bytes)
-            payload = spare if spare is not None and spare.size == nbytes_in_slot else alloc(nbytes_in_slot)
-            spare = None
-            np.copyto(payload, w.mem[at + HEADER_BYTES:at + HEADER_BYTES + nbytes_in_slot])
-            if steals:
-                # Free the slot only if it still holds the READY state we saw: if a writer stole it while we
-                # copied, the CAS fails and the copy (possibly torn) is discarded; that writer counted the drop.
-                if w.cas_state(state, FREE, self.rank, self.state_offset(slot)) != state:
-                    self.lost_races += 1
-                    spare = payload
-                    continue
-            else:
-                w.replace_state(FREE, self.rank, self.state_offset(slot))
+            payload = w.mem[at + HEADER_BYTES:at + HEADER_BYTES + min(nbytes, slot_bytes)]
             if ready(ticket) != state or nbytes > slot_bytes or (checksums and checksum(payload) != expected_sum):
+                # The slot is useless: hand it and everything taken so far back before raising, so that a
+                # close() after the error neither finds it again nor leaves views held.
+                self._free_slots([slot] + [segment.slot for _, segment in found])
+                for _, segment in found:
+                    del self._held[segment.slot]
                 raise TransportError(f"transport channel 'ring': segment {seq} from rank {writer} in slot {slot} "
                                      f"is torn (header ticket {ticket} vs state {state:#x}, or bad checksum)")
-            found.append((ticket, Segment(writer, seq, payload, expected_sum)))
+            payload = payload.view()
+            payload.flags.writeable = False  # the ring's memory: the owner reads it, only writers write it
+            segment = Segment(writer, seq, payload, expected_sum, slot)
+            self._held[slot] = segment
+            found.append((ticket, segment))
         return [segment for _, segment in sorted(found, key=lambda pair: pair[0])]
+
+    def release(self, segments):
+        self._check_owner("release")
+        slots = self._check_release(self._held, segments)
+        self._free_slots(slots)
+        for slot in slots:
+            del self._held[slot]
+
+    def _free_slots(self, slots) -> None:
+        """Store FREE into the state words of ``slots``: one atomic Accumulate(REPLACE) per run of consecutive
+        slots, one Flush for all. Only the owner moves a slot out of READY (block) or TAKEN (drop_oldest), so a
+        store suffices where a CAS's outcome would be known."""
+        if not slots:
+            return
+        w, order = self.window, sorted(slots)
+        first = previous = order[0]
+        for slot in order[1:] + [None]:
+            if slot is not None and slot == previous + 1:
+                previous = slot
+                continue
+            w.replace_states(self._free_words[:previous - first + 1], self.rank, self.state_offset(first))
+            if slot is not None:
+                first = previous = slot
+        w.flush(self.rank)
+
+    def ready_slots(self):
+        self._check_owner("ready_slots")
+        self.window.sync()
+        states = self.window.local_states(self._states, self.config.slots)
+        ready_now = int(np.count_nonzero(states & 3 == PHASE_READY))
+        # Under block the slots the owner holds views of stay READY in the window (it never marks them taken).
+        return ready_now - (len(self._held) if self.config.full_policy == "block" else 0)
 
     def dropped_total(self):
         self._check_owner("dropped_total")
@@ -348,6 +382,8 @@ class RmaExperienceRing(ExperienceRing):
         # Writers' puts are complete when put() returns; the owner keeps draining while writers still block on a
         # full ring, until every rank has arrived.
         left = []
+        if self._held:  # views still lent out die with the window; their slots go back first
+            self.release(list(self._held.values()))
         barrier = self.comm.Ibarrier()
         waiter = Waiter(self.transport.poll, self.transport.timeout_s, self.channel, None, "every rank to close")
         while not barrier.Test():

@@ -30,16 +30,11 @@ def _pack(buf: np.ndarray, seq: int, writer: int, payload: np.ndarray, extra: in
     return buf[:HEADER_BYTES + data.size]
 
 
-def _unpack(buf: np.ndarray, channel: str, with_checksum: bool = True,
-            alloc=None) -> tuple[int, int, int, np.ndarray, int]:
+def _unpack(buf: np.ndarray, channel: str) -> tuple[int, int, int, np.ndarray, int]:
     """(seq, writer, checksum, private payload copy, extra) of a received message; checks the checksum."""
     seq, nbytes, writer, expected_sum, extra = (int(x) for x in buf[:5 * 8].view(WORD))
-    if alloc is None:
-        payload = buf[HEADER_BYTES:HEADER_BYTES + nbytes].copy()
-    else:
-        payload = alloc(nbytes)
-        np.copyto(payload, buf[HEADER_BYTES:HEADER_BYTES + nbytes])
-    if with_checksum and checksum(payload) != expected_sum:
+    payload = buf[HEADER_BYTES:HEADER_BYTES + nbytes].copy()
+    if checksum(payload) != expected_sum:
         raise TransportError(f"transport channel {channel!r}: message {seq} from rank {writer} fails its checksum")
     return seq, writer, expected_sum, payload, extra
 
@@ -183,6 +178,7 @@ class TwoSidedExperienceRing(ExperienceRing):
         self._spare: list[np.ndarray] = []  # staging buffers no longer in flight: reused, so no page faults per put
         self._outbox: deque[tuple[int, np.ndarray]] = deque()
         self._drops_by_writer: dict[int, int] = {}
+        self._held: dict[int, Segment] = {}  # owner: receive buffer index -> the view lent by take_view()
         if self.is_owner:
             self._bufs = [np.empty(HEADER_BYTES + ring.slot_bytes, np.uint8) for _ in range(ring.slots)]
             self._reqs = [self._post(i) for i in range(ring.slots)]
@@ -239,21 +235,46 @@ class TwoSidedExperienceRing(ExperienceRing):
                 waiter = self.ep.waiter(self.owner, "the last segments to be received")
             waiter.step()
 
-    def poll(self, alloc=None):
-        self._check_owner("poll")
+    def take_view(self):
+        self._check_owner("take_view")
         segments = []
         status = MPI.Status()
         for index, request in enumerate(self._reqs):
-            if not request.Test(status):
+            # A held buffer has no receive posted (its request is null and would test complete): skip it.
+            if index in self._held or not request.Test(status):
                 continue
-            seq, writer, sum_, payload, drops = _unpack(self._bufs[index], self.channel, self.config.checksums, alloc)
+            buf = self._bufs[index]
+            seq, nbytes, writer, expected_sum, drops = (int(x) for x in buf[:5 * 8].view(WORD))
+            payload = buf[HEADER_BYTES:HEADER_BYTES + nbytes].view()
+            payload.flags.writeable = False  # the posted receive buffer: lent until release() re-posts it
+            error = None
             if writer != status.Get_source():
-                raise TransportError(f"transport channel 'ring': segment from rank {status.Get_source()} claims "
-                                     f"writer {writer}")
+                error = f"segment from rank {status.Get_source()} claims writer {writer}"
+            elif self.config.checksums and checksum(payload) != expected_sum:
+                error = f"segment {seq} from rank {writer} fails its checksum"
+            if error is not None:
+                # Re-post this buffer and the ones taken so far before raising: a close() after the error must
+                # still find every receive posted and no view held.
+                self._reqs[index] = self._post(index)
+                self.release(segments)
+                raise TransportError(f"transport channel 'ring': {error}")
             self._drops_by_writer[writer] = max(self._drops_by_writer.get(writer, 0), drops)
-            segments.append(Segment(writer, seq, payload, sum_))
-            self._reqs[index] = self._post(index)
+            segment = Segment(writer, seq, payload, expected_sum, index)
+            self._held[index] = segment
+            segments.append(segment)
         return segments
+
+    def release(self, segments):
+        self._check_owner("release")
+        for index in self._check_release(self._held, segments):
+            del self._held[index]
+            self._reqs[index] = self._post(index)  # the buffer is the writers' again
+
+    def ready_slots(self):
+        self._check_owner("ready_slots")
+        # Request.Get_status tests for completion without completing the request (MPI_Request_get_status), so
+        # counting takes nothing; it also drives progress, as Test does.
+        return sum(1 for index, request in enumerate(self._reqs) if index not in self._held and request.Get_status())
 
     def dropped_total(self):
         self._check_owner("dropped_total")
@@ -262,6 +283,8 @@ class TwoSidedExperienceRing(ExperienceRing):
     def close(self, alloc=None):
         left = []
         if self.is_owner:
+            if self._held:  # views still lent out die with the buffers; re-post their receives first
+                self.release(list(self._held.values()))
             self.ep.barrier(lambda: left.extend(self.poll(alloc)))
             left.extend(self.poll(alloc))
             self.ep.cancel(self._reqs)

@@ -1,8 +1,11 @@
 """Experience ring under pressure: rank 0 owns a small ring, every other rank writes segments into it.
 
-argv: backend slots segments_per_writer policy consumer_delay_s max_segment_bytes [assisted]
+argv: backend slots segments_per_writer policy consumer_delay_s max_segment_bytes [assisted] [view]
 Every payload is generated from (writer rank, sequence number), so the owner can check each segment it consumes
-byte for byte, not only against the checksum in its header. Prints one JSON line on rank 0. With
+byte for byte, not only against the checksum in its header. ``view``: the owner consumes with ``take_view()``,
+checks each view in place while the writers race for slots, holds the views for ``consumer_delay_s``, checks them
+again (a byte changed while lent counts as bad), and only then releases them; else it copies with ``poll()``.
+Prints one JSON line on rank 0. With
 TRANSPORT_META_DIR set, rank 0 also writes the run's meta.json there (backend and probe result, the host of every
 rank, the SLURM_* variables).
 """
@@ -30,23 +33,45 @@ def main() -> None:
     slots, per_writer, delay_s, max_bytes = int(slots), int(per_writer), float(delay_s), int(max_bytes)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    assisted = sys.argv[7:] == ["assisted"]  # accept RMA that progresses only while the target is in MPI
+    options = set(sys.argv[7:])
+    if not options <= {"assisted", "view"}:
+        raise SystemExit(f"unknown options {sorted(options - {'assisted', 'view'})}")
+    assisted = "assisted" in options  # accept RMA that progresses only while the target is in MPI
+    view = "view" in options
     transport = Transport(comm, TransportConfig(backend=backend, timeout_s=60, require_passive_progress=not assisted))
     ring = transport.experience_ring(0, RingConfig(slots=slots, slot_bytes=max_bytes, full_policy=policy))
     write_run_meta(comm, transport)
     comm.Barrier()
     start = time.monotonic()
     if rank == 0:
-        consumed, bad, polls = [], 0, 0
+        consumed, bad, polls, max_ready, release_twice_refused = [], 0, 0, 0, None
         writers_done = comm.Ibarrier()
         while not writers_done.Test():
-            for seg in ring.poll():
-                consumed.append(seg)
+            max_ready = max(max_ready, ring.ready_slots())
+            if view:
+                views = ring.take_view()
+                bad += sum(not np.array_equal(seg.payload, payload_of(seg.writer, seg.seq, max_bytes))
+                           for seg in views)
+                time.sleep(delay_s)  # writers race for the slots while the views are held
+                bad += sum(checksum(seg.payload) != seg.checksum for seg in views)
+                consumed.extend((seg.writer, seg.seq) for seg in views)
+                ring.release(views)
+                if views and release_twice_refused is None:
+                    try:
+                        ring.release(views[:1])
+                        release_twice_refused = False
+                    except ValueError:
+                        release_twice_refused = True
+            else:
+                for seg in ring.poll():
+                    consumed.append(seg)
+                time.sleep(delay_s)
             polls += 1
-            time.sleep(delay_s)
         consumed.extend(ring.close())
         elapsed = time.monotonic() - start
         for seg in consumed:
+            if isinstance(seg, tuple):  # a view, checked above before it was released
+                continue
             if not np.array_equal(seg.payload, payload_of(seg.writer, seg.seq, max_bytes)):
                 bad += 1
             elif checksum(seg.payload) != seg.checksum:
@@ -55,7 +80,7 @@ def main() -> None:
         produced = {tuple(p) for r in reports for p in r["produced"]}
         drops = [tuple(d) for r in reports for d in r["drops"]]
         blocked_puts = sum(r["blocked_puts"] for r in reports)
-        ids = [(s.writer, s.seq) for s in consumed]
+        ids = [s if isinstance(s, tuple) else (s.writer, s.seq) for s in consumed]
         print(json.dumps({
             "backend": transport.backend, "produced": len(produced), "consumed": len(ids),
             "distinct_consumed": len(set(ids)), "bad_payloads": bad,
@@ -64,6 +89,7 @@ def main() -> None:
             "dropped_and_consumed": len(set(ids) & set(drops)), "drops_listed": len(drops),
             "distinct_drops": len(set(drops)), "dropped_total": ring.dropped_total(),
             "lost_races": ring.lost_races, "blocked_puts": blocked_puts, "polls": polls, "seconds": elapsed,
+            "max_ready": max_ready, "release_twice_refused": release_twice_refused,
         }))
     else:
         produced = []

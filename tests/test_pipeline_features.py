@@ -1,0 +1,66 @@
+"""Pipeline features with real ranks: the opponent pool (past versions play a share of the self-play games, their
+steps are never trained on, the pool is persisted in pool.h5 and survives a resume) and the asynchronous action
+offset."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpc_rl.launch import mpirun_command, rank_env
+from hpc_rl.storage import open_run
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(600)]
+
+# MOBA 1v1, every copy self-play, half the games against past versions; games end at 48 steps (draws) so that many
+# games start and end within a few versions; every 4th version joins the pool.
+LEAGUE = ["env.num_envs=4", "env.vs_scripted_fraction=0", "env.moba.time_limit=48", "league.past_fraction=0.5",
+          "pipeline.segment_len=32", "pipeline.segments_per_batch=1", "pipeline.checkpoint_every=2",
+          "pipeline.keep_every=4", "pipeline.keep_last=1", "ppo.num_minibatches=2"]
+AGENT_STEPS = 32 * 4 * 2  # one segment: steps x copies x agents, all trained on when no past version plays
+
+
+def _train(runs: Path, versions: int, options: list[str] = LEAGUE, name: str = "league") -> subprocess.CompletedProcess:
+    cmd = mpirun_command(6, [str(ROOT / "jobs/train.py"), f"run_name={name}", f"runs_dir={runs}", *options,
+                             f"pipeline.max_versions={versions}"])
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=runs, env=rank_env(), timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def test_past_versions_play_and_are_not_trained_on_and_the_pool_survives_a_resume(tmp_path):
+    _train(tmp_path, 16)
+    run = open_run(tmp_path / "league")
+    assert run.pool["version"] == [4, 8, 12, 16]  # every keep_every-th committed version joined
+    assert set(run.pool["version"]) <= set(run.checkpoint_versions)  # retention keeps them loadable
+    m = run.metrics
+    size = dict(zip(m["league/pool_size"]["version"], m["league/pool_size"]["value"]))
+    assert size[1] == 0 and size[16] == 3  # version 16 joins with the final checkpoint, after the last metrics
+    games = m["league/games_vs_past"]
+    assert games["value"].sum() > 0 and games["version"].min() > 4  # only once version 4 was in the pool
+    assert np.all(m["league/score_vs_past"]["value"] == 0.5)  # every game hit the time limit: a draw
+    # Learner 0's batch is one segment: all its agent steps are trained on until a past version plays one side.
+    samples = dict(zip(m["perf/samples"]["version"], m["perf/samples"]["value"]))
+    assert all(samples[v] == AGENT_STEPS for v in range(1, 5))
+    assert min(samples[v] for v in range(6, 17)) < AGENT_STEPS
+    assert all(samples[v] <= AGENT_STEPS for v in samples)
+
+    out = _train(tmp_path, 20)  # resumes from version 16
+    assert "resuming" in out.stdout
+    assert "opponent pool: 4 past versions from pool.h5" in (tmp_path / "league/logs/rank_0.log").read_text()
+    assert open_run(tmp_path / "league").pool["version"] == [4, 8, 12, 16, 20]
+
+
+def test_async_action_offset_keeps_exactly_once(tmp_path):
+    _train(tmp_path, 6, ["env=cartpole", "env.num_envs=4", "pipeline.segment_len=32", "pipeline.segments_per_batch=2",
+                         "ppo.num_minibatches=2", "pipeline.async_actions=true"], name="offset")
+    acc = json.loads((tmp_path / "offset" / "accounting.json").read_text())
+    produced, consumed, left = ({tuple(x) for x in acc[k]} for k in ("produced", "consumed", "left"))
+    assert acc["version"] == 6 and len(consumed) == 6 * 2 * 2
+    assert consumed | left == produced and not consumed & left
+    run = open_run(tmp_path / "offset")
+    assert run.config["pipeline"]["async_actions"] is True
+    assert run.metrics["perf/env_steps"]["value"][-1] > 0
