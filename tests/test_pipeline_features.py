@@ -64,3 +64,13 @@ def test_async_action_offset_keeps_exactly_once(tmp_path):
     run = open_run(tmp_path / "offset")
     assert run.config["pipeline"]["async_actions"] is True
     assert run.metrics["perf/env_steps"]["value"][-1] > 0
+
+
+def test_a_rank_that_raises_aborts_the_job_without_mpi4py_main(tmp_path):
+    """Under submitit (Hydra sweeps) no ``python -m mpi4py`` aborts the job when a rank raises; run() must."""
+    (tmp_path / "broken" / "config.yaml").mkdir(parents=True)  # the controller cannot write its config there
+    cmd = mpirun_command(6, [str(ROOT / "tests/mpi_programs/controller_raises.py"), str(tmp_path)])
+    cmd.remove("-m"), cmd.remove("mpi4py")
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=rank_env(), timeout=240)
+    assert out.returncode != 0
+    assert "IsADirectoryError" in out.stderr and "MPI_ABORT" in out.stdout + out.stderr

@@ -116,7 +116,8 @@ class Controller:
             message = self.comm.recv(source=source, tag=tag)
             self.last_seen[source] = time.monotonic()
             if tag == TAG_HEARTBEAT:
-                self.stats[source] = message["stats"]
+                # A rank waiting on a peer beats without counters: keep its last ones (totals never go back).
+                self.stats[source] = {**self.stats.get(source, {}), **message["stats"]}
             elif tag == TAG_METRICS:
                 self._on_metrics(*message)
             elif tag == TAG_CHECKPOINT:

@@ -12,7 +12,9 @@ closed in the same order everywhere.
 from __future__ import annotations
 
 import os
+import sys
 import time
+import traceback
 from pathlib import Path
 
 from mpi4py import MPI
@@ -40,7 +42,21 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
 
     ``overrides`` (the command line's config overrides) go into ``<runs_dir>/index.tsv`` beside the run's name, so
     a sweep directory lists which member ran what.
+
+    A rank that raises aborts the whole job. ``python -m mpi4py`` does that for a script, but a Hydra sweep member
+    runs inside submitit, which catches the exception, records it and exits normally: the other ranks would then
+    wait for this one forever (and this one, in MPI_Finalize, for them).
     """
+    try:
+        return _run(config, comm, overrides)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.Abort(1)
+        raise
+
+
+def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int | None:
     set_torch_threads()
     rank = comm.Get_rank()
     topology = Topology(config.topology)
