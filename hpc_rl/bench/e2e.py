@@ -7,7 +7,7 @@
   the learners started), ``moba_env_steps_per_s`` (env ranks' stepping rate), ``staleness_mean``, ``reuse``; and
   the serial runner on the same work (same env copies, segment length, batch and model) in one process for the
   same number of updates: ``serial_samples_per_s``, and the ratio.
-- CartPole-v1 through the distributed job (``experiment=cartpole``): ``cartpole_env_steps_per_s`` consumed,
+- CartPole-v1 through the distributed job (``experiment=cartpole_fast``): ``cartpole_env_steps_per_s`` consumed,
   whether greedy evaluation reached 475, its reuse and staleness; beside Stable-Baselines3 PPO (rl-zoo settings)
   measured in the same run: ``sb3_env_steps_per_s``.
 
