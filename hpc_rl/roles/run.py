@@ -150,7 +150,6 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
         left = learner.drain()
     if inference is not None:
         inference.receive_pool()
-    if inference is not None:
         link.send({"produced": inference.produced_ids}, TAG_ACCOUNTING)
     if learner is not None:
         link.send({"consumed": learner.consumed_ids, "left": left}, TAG_ACCOUNTING)
