@@ -54,7 +54,7 @@ class EnvConfig:
         return self.name == "moba"
 
     def scripted_copies(self) -> int:
-        """Copies per env rank in which the scripted bot plays team 1 (0 outside MOBA)."""
+        """Copies per env rank in which the scripted bot plays one side (0 outside MOBA): the first ones."""
         return int(round(self.vs_scripted_fraction * self.num_envs)) if self.is_moba else 0
 
     def make(self, num_envs: int | None = None, first_copy: int = 0) -> VecEnv:

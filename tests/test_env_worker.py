@@ -73,3 +73,39 @@ def test_actions_apply_at_the_next_step_with_the_offset(offset):
     else:
         assert log[:3] == [("request", 0), ("reply", 0), ("step", 0, 1)]
         assert [s[1] for s in steps] == list(range(ROUNDS))
+
+
+def test_scripted_bot_plays_team_1_in_even_copies_and_team_0_in_odd_ones():
+    config = TrainConfig(env=EnvConfig(num_envs=2, vs_scripted_fraction=1.0, moba=MobaConfig()))
+    log: list = []
+    exchange = _Exchange(config.env.make(num_envs=1).spec, 2, log)
+    worker = EnvWorker(config, rank=1, env_index=0, exchange=exchange, link=_Link(exchange), version=0)
+    assert worker.spec.agent_team == (0, 1)
+    bot_side = np.array([[False, True], [True, False]])
+    np.testing.assert_array_equal(worker.bot_agents, bot_side)
+    act, step = worker.bot.act, worker.env.step
+    seen = []
+
+    def recording_act(obs):
+        seen.append({k: v.copy() for k, v in act(obs).items()})
+        return seen[-1]
+
+    def recording_step(actions):
+        seen[-1] = (seen[-1], {k: v.copy() for k, v in actions.items()})
+        return step(actions)
+
+    worker.bot.act, worker.env.step = recording_act, recording_step
+    worker.run()
+    assert len(seen) == ROUNDS
+    for k, (bot, applied) in enumerate(seen):
+        for head in applied:  # the bot's choice on its side, the policy's reply on the other
+            np.testing.assert_array_equal(applied[head][bot_side], bot[head][bot_side])
+        np.testing.assert_array_equal(applied["move"][~bot_side], k % 8)
+        np.testing.assert_array_equal(applied["action"][~bot_side], 1)
+
+    # A game counts as won when the learning side's team (0 in copy 0, 1 in copy 1) is the winner.
+    worker.bot_games = worker.bot_wins = 0
+    worker._count(np.array([True, True]), np.array([0, 1]))
+    worker._count(np.array([True, True]), np.array([1, 0]))
+    worker._count(np.array([False, True]), np.array([-1, -1]))
+    assert (worker.bot_games, worker.bot_wins) == (5, 2)

@@ -11,9 +11,9 @@ the observation it just sent: it steps with the previous one while the inference
 and inference work overlap. The action chosen at observation t is applied at step t+1 (the very first step applies
 action 0 of every head, a no-op in MOBA); the policy learns to act one step ahead, as OpenAI Five's did.
 
-In MOBA, the first ``scripted_copies`` copies of every env rank let the frozen scripted bot play team 1: the learning
-side's games there measure its win rate against the bot, and the inference rank gives the bot's steps no training
-weight.
+In MOBA, the first ``scripted_copies`` copies of every env rank let the frozen scripted bot play one side (team 1 in
+even copies, team 0 in odd ones: ``EnvSpec.opponent_side``): the learning side's games there measure its win rate
+against the bot from both sides, and the inference rank gives the bot's steps no training weight.
 """
 
 from __future__ import annotations
@@ -65,11 +65,13 @@ class EnvWorker:
             from hpc_rl.envs.scripted import ScriptedBot
 
             self.bot = ScriptedBot(config.env.moba)
-            self.bot_agents = np.asarray(self.spec.agent_team) == 1
+            self.bot_agents = self.spec.opponent_side(self.scripted)  # (scripted copies, agents)
+            # The learning side's team in each scripted copy: a game is won when the winner is that team.
+            self.learner_team = np.arange(self.scripted) % 2
         self.steps = 0
         self.games = 0
         self.bot_games = 0
-        self.bot_wins = 0  # games against the scripted bot won by the learning side (team 0)
+        self.bot_wins = 0  # games against the scripted bot won by the learning side
         self.returns_sum = 0.0  # sum of finished episodes' returns, where the env reports them (Gymnasium)
 
     def run(self) -> None:
@@ -104,7 +106,7 @@ class EnvWorker:
         if self.bot is not None:  # the scripted bot acts on what it sees now
             bot = self.bot.act(self.obs)
             for head in actions:
-                actions[head][:self.scripted][:, self.bot_agents] = bot[head][:self.scripted][:, self.bot_agents]
+                actions[head][:self.scripted][self.bot_agents] = bot[head][:self.scripted][self.bot_agents]
         self.obs, self.events, self.done, infos = self.env.step(actions)
         self.game_steps += 1
         self.game_steps[self.done] = 0
@@ -122,4 +124,4 @@ class EnvWorker:
         if self.scripted:
             vs_bot = done[:self.scripted]
             self.bot_games += int(vs_bot.sum())
-            self.bot_wins += int((winner[:self.scripted][vs_bot] == 0).sum())
+            self.bot_wins += int((winner[:self.scripted][vs_bot] == self.learner_team[vs_bot]).sum())

@@ -119,9 +119,8 @@ class InferenceWorker:
                                  config.league.cached_policies, self.device)
         self.opponent = {e: np.full(n, LATEST, np.int64) for e in env_ranks}
         self.self_play = np.arange(n) >= config.env.scripted_copies()
-        team = np.asarray(self.spec.agent_team)
         # The past version plays team 1 in even copies and team 0 in odd ones, so the latest policy learns both sides.
-        self.past_side = team[None, :] == (1 - np.arange(n) % 2)[:, None]  # (copies, agents)
+        self.past_side = self.spec.opponent_side(n)  # (copies, agents)
         self.results: list[tuple[int, float]] = []
         self.rng: np.random.Generator | None = None
         self.past_games = 0
@@ -133,7 +132,7 @@ class InferenceWorker:
         w = np.tile(np.isin(np.arange(agents), learning), (n, 1)).astype(np.float32)
         scripted = self.config.env.scripted_copies()
         if scripted:
-            w[:scripted, np.asarray(self.spec.agent_team) == 1] = 0.0
+            w[:scripted][self.spec.opponent_side(scripted)] = 0.0
         return w.reshape(-1)
 
     def _pull_parameters(self, wait: bool) -> None:
