@@ -73,6 +73,27 @@ def test_ring_drop_oldest_counts_exactly_what_it_dropped(mpi, backend, consumer)
     _check_views(r, consumer)
 
 
+@pytest.mark.parametrize("policy", ["block", "drop_oldest"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ring_batched_puts_keep_every_guarantee(mpi, backend, policy):
+    # 3 writers x 100 segments through 4 slots with put_many, in batches of 1..6 (larger than the ring: split);
+    # the owner reads in place and is slow enough that the writers block (block) or steal (drop_oldest).
+    r = _report(mpi(4, _ring(backend, "4", "100", policy, "0.005", "16384", "view") + ["batch"], timeout=90))
+    assert r["produced"] == 300
+    assert r["bad_payloads"] == 0
+    assert r["consumed"] == r["distinct_consumed"]
+    assert r["consumed_or_dropped_equals_produced"] and r["dropped_and_consumed"] == 0
+    assert r["dropped_total"] == r["drops_listed"] == r["distinct_drops"]
+    if policy == "block":
+        assert r["consumed_equals_produced"] and r["drops_listed"] == 0
+        assert r["blocked_puts"] > 0, "the producers never found the ring full: the test did not stress it"
+    else:
+        assert r["drops_listed"] > 0, "the slow consumer should have forced drops"
+    if backend == "rma":  # one ticket counter orders every put, batched or not
+        assert r["in_order"], "a writer's segments were consumed out of order"
+    _check_views(r, "view")
+
+
 @pytest.mark.parametrize("backend,policy", [("rma", "block"), ("rma", "drop_oldest"), ("twosided", "block")])
 def test_ring_ready_slots_counts_what_waits_and_takes_nothing(mpi, backend, policy):
     r = _report(mpi(3, ["tests/mpi_programs/transport_occupancy.py", backend, policy], timeout=60))
@@ -194,12 +215,14 @@ def test_transport_bench_reports_every_figure_measured_alike():
     assert r["probe"]["backend"] == "rma"
     for size in ("64KiB", "1MiB"):
         figures = r[size]
-        for name in ("raw_put", "rma", "rma_copy", "rma_nochecksum", "twosided", "memcpy"):
+        rings = ("rma", "rma_batch", "rma_copy", "rma_nochecksum", "rma_batch_nochecksum", "twosided")
+        for name in ("raw_put", "memcpy") + rings:
             assert figures[f"{name}_GBps"] > 0, (size, name)
-        assert figures["rma_over_raw_put"] == round(figures["rma_GBps"] / figures["raw_put_GBps"], 3)
-        assert len(figures["rma_over_raw_put_runs"]) == 2
+        for name in rings:
+            assert figures[f"{name}_over_raw_put"] == round(figures[f"{name}_GBps"] / figures["raw_put_GBps"], 3)
+            assert len(figures[f"{name}_over_raw_put_runs"]) == 2
         cpu = figures["cpu_us_per_segment"]
-        assert all(cpu["writer"][m] > 0 for m in ("raw_put", "rma", "rma_copy", "rma_nochecksum", "twosided"))
-        assert all(cpu["owner"][m] > 0 for m in ("rma", "rma_copy", "rma_nochecksum", "twosided"))
+        assert all(cpu["writer"][m] > 0 for m in ("raw_put",) + rings)
+        assert all(cpu["owner"][m] > 0 for m in rings)
     for backend in ("rma", "twosided"):
         assert 0 < r["roundtrip_us_8KiB"][backend]["median"] <= r["roundtrip_us_8KiB"][backend]["p90"]

@@ -8,7 +8,7 @@ import pytest
 from hpc_rl.envs.api import EntitySpec, EnvSpec
 from hpc_rl.transport import (ArrayLayout, PollConfig, RingConfig, TransportConfig, TransportTimeout, checksum,
                               step_reply_layout, step_request_layout)
-from hpc_rl.transport.layout import FREE, align, ready, state_phase, state_ticket, taken, writing
+from hpc_rl.transport.layout import align, free_for, ready, state_phase, state_ticket, taken, writing
 from hpc_rl.transport.wait import Waiter
 
 
@@ -81,16 +81,16 @@ def test_checksum_detects_a_torn_payload():
 
 
 def test_slot_state_words_round_trip():
-    assert state_phase(FREE) == "free"
-    for ticket in (1, 2, 12345, (1 << 30) - 1):
-        assert state_phase(writing(ticket)) == "writing" and state_ticket(writing(ticket)) == ticket
-        assert state_phase(ready(ticket)) == "ready" and state_ticket(ready(ticket)) == ticket
-        assert state_phase(taken(ticket)) == "taken" and state_ticket(taken(ticket)) == ticket
-        assert len({FREE, writing(ticket), ready(ticket), taken(ticket)}) == 4
-        assert taken(ticket) < 2 ** 32  # fits the 32-bit state word
+    assert free_for(0) == 0  # zeroed memory is slot 0's first state
+    for ticket in (0, 1, 2, 12345, (1 << 30) - 1):
+        for state, phase in ((free_for(ticket), "free"), (writing(ticket), "writing"), (ready(ticket), "ready"),
+                             (taken(ticket), "taken")):
+            assert state_phase(state) == phase and state_ticket(state) == ticket
+            assert state < 2 ** 32  # fits the 32-bit state word
+        assert len({free_for(ticket), writing(ticket), ready(ticket), taken(ticket), free_for(ticket + 1)}) == 5
     assert ready(1 << 30) == ready(0)  # tickets wrap after 2^30 puts
-    with pytest.raises(ValueError, match=r"0x4 has phase 0 but is not FREE \(corrupt\)"):
-        state_phase(4)
+    assert free_for(-1) == free_for((1 << 30) - 1)  # the round before ticket 0, as the writers of ticket < N see it
+    np.testing.assert_array_equal(free_for(np.arange(3, dtype=np.uint32)), [0, 4, 8])  # arrays too (the owner's)
 
 
 def test_configs_reject_bad_values_naming_the_field():

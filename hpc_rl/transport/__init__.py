@@ -19,11 +19,13 @@ machines, which MPI call guarantees what):
 - Owners read their own windows under ``Lock_all(MODE_NOCHECK)``, calling ``Win.Sync`` before loading a commit
   word and again before loading what it guards.
 - Step exchange: one request slot per env on its inference rank, one reply slot on each env; commit word = step
-  sequence number. Experience ring: slot state words FREE → WRITING(ticket) → READY(ticket) (→ TAKEN(ticket)
-  under ``drop_oldest``) → FREE, changed by ``Compare_and_swap`` (claim, steal under ``drop_oldest``, the owner's
-  take) or ``Accumulate(REPLACE)`` (the claiming writer's publish, the owner's free); a ticket counter
-  (``Fetch_and_op``) orders puts. The owner reads READY slots in place (``take_view``/``release``) or copies
-  them out (``poll``). Parameters: a double buffer under a seqlock.
+  sequence number. Experience ring: a ticket counter (``Fetch_and_op``) orders puts, ticket t going to slot
+  t mod N; slot state words FREE(t) → READY(t) (→ TAKEN(t) under ``drop_oldest``) → FREE(t + N). FREE(t) admits
+  only the writer holding ticket t, so claiming a slot is a read (``Get_accumulate``), and a batch of segments
+  (``put_many``) costs one ticket call, one ``Flush`` of its payloads and one READY store per run of slots;
+  ``Compare_and_swap`` serves ``drop_oldest`` (a writer stealing READY(t − N), the owner's take). The owner reads
+  READY slots in place (``take_view``/``release``) or copies them out (``poll``). Parameters: a double buffer
+  under a seqlock.
 - Every wait polls with backoff under a deadline (``wait.py``) and raises ``TransportTimeout`` naming the peer
   rank and the channel.
 """

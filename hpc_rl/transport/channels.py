@@ -10,7 +10,7 @@ read-only views into the ring's own memory until ``release()``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,6 +114,7 @@ class ExperienceRing(ABC):
     writer::
 
         seq = ring.put(segment_bytes)      # block: waits for a free slot; drop_oldest: may displace a READY one
+        seqs = ring.put_many([a, b, c])    # several at once: the RMA ring's protocol cost is paid once per batch
         ...
         ring.close()                       # collective
 
@@ -173,6 +174,14 @@ class ExperienceRing(ABC):
     @abstractmethod
     def put(self, payload: np.ndarray, timeout_s: float | None = None) -> int:
         """writer: hand one segment to the owner; returns its sequence number (1, 2, ... per writer)."""
+
+    def put_many(self, payloads: Sequence[np.ndarray], timeout_s: float | None = None) -> list[int]:
+        """writer: hand several segments to the owner, in order; returns their sequence numbers.
+
+        The RMA ring amortises its protocol over the batch (one ticket ``Fetch_and_op``, one ``Flush`` for all
+        payloads, one ``Accumulate`` of READY words per run of slots); this default puts them one by one.
+        """
+        return [self.put(payload, timeout_s) for payload in payloads]
 
     def poll(self, alloc: Callable[[int], np.ndarray] | None = None) -> list[Segment]:
         """owner: every segment ready now, copied out and checked; their slots are free again.

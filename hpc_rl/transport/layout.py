@@ -43,45 +43,43 @@ def as_bytes(payload) -> np.ndarray:
 
 
 # --- ring slot states (one 32-bit word per slot) -----------------------------------------------------------
-# FREE → WRITING(ticket) → READY(ticket) → FREE, and under drop_oldest READY(ticket) → TAKEN(ticket) → FREE while
-# the owner reads a slot in place. The ticket makes every claim unique, so a Compare_and_swap that expects READY(t)
-# cannot succeed on a slot that was freed and refilled in between (no ABA: the same 30-bit ticket returns to a
-# slot only after 2^30 puts). State words are 32-bit because Open MPI 4.1's osc/rdma over the vader BTL (what a
-# single host selects) segfaults on a 64-bit Compare_and_swap (open-mpi/ompi#7967); 32-bit atomics work there
-# and everywhere.
+# Tickets 0, 1, 2, ... order all puts into a ring of N slots; ticket t goes to slot t mod N. A slot cycles
+# FREE(t) → READY(t) → FREE(t + N): FREE(t) admits the writer holding ticket t and no other, so claiming a slot
+# needs no Compare_and_swap, only a read (docs/transport.md, section 5). Under drop_oldest a writer may steal a
+# READY(t − N) slot (→ WRITING(t), by CAS), and the owner marks a slot TAKEN(t) while it reads it in place. The
+# 30-bit ticket in every state makes each one unique (no ABA: the same ticket returns to a slot only after 2^30
+# puts). State words are 32-bit because Open MPI 4.1's osc/rdma over the vader BTL (what a single host selects)
+# segfaults on a 64-bit Compare_and_swap (open-mpi/ompi#7967); 32-bit atomics work there and everywhere.
 STATE = np.dtype(np.uint32)
 STATE_BYTES = STATE.itemsize
 TICKET_BITS = 30
-FREE = 0
+TICKET_MASK = (1 << TICKET_BITS) - 1
+PHASE_FREE = 0
 PHASE_WRITING = 1
 PHASE_READY = 2
 PHASE_TAKEN = 3
 
 
+def free_for(ticket):
+    """The state of a slot that only the writer holding ``ticket`` may fill (ints or integer arrays)."""
+    return (ticket & TICKET_MASK) << 2 | PHASE_FREE
+
+
 def writing(ticket: int) -> int:
-    return ((ticket & ((1 << TICKET_BITS) - 1)) << 2) | PHASE_WRITING
+    return (ticket & TICKET_MASK) << 2 | PHASE_WRITING
 
 
-def ready(ticket: int) -> int:
-    return ((ticket & ((1 << TICKET_BITS) - 1)) << 2) | PHASE_READY
+def ready(ticket):
+    return (ticket & TICKET_MASK) << 2 | PHASE_READY
 
 
 def taken(ticket: int) -> int:
-    return ((ticket & ((1 << TICKET_BITS) - 1)) << 2) | PHASE_TAKEN
+    return (ticket & TICKET_MASK) << 2 | PHASE_TAKEN
 
 
 def state_phase(state: int) -> str:
     """"free", "writing", "ready" or "taken"."""
-    if state == FREE:
-        return "free"
-    phase = state & 3
-    if phase == PHASE_WRITING:
-        return "writing"
-    if phase == PHASE_READY:
-        return "ready"
-    if phase == PHASE_TAKEN:
-        return "taken"
-    raise ValueError(f"ring slot state word {state:#x} has phase 0 but is not FREE (corrupt)")
+    return ("free", "writing", "ready", "taken")[state & 3]
 
 
 def state_ticket(state: int) -> int:

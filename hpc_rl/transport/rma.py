@@ -14,8 +14,8 @@ from mpi4py import MPI
 
 from hpc_rl.transport.channels import ExperienceRing, ParameterChannel, Segment, StepExchange
 from hpc_rl.transport.config import RingConfig, TransportConfig
-from hpc_rl.transport.layout import (ALIGN, FREE, PHASE_READY, STATE, STATE_BYTES, WORD, WORD_BYTES, align,
-                                     as_bytes, checksum, ready, state_phase, taken, writing)
+from hpc_rl.transport.layout import (ALIGN, PHASE_READY, STATE, STATE_BYTES, TICKET_MASK, WORD, WORD_BYTES, align,
+                                     as_bytes, checksum, free_for, ready, state_phase, state_ticket, taken, writing)
 from hpc_rl.transport.wait import TransportError, Waiter
 
 HEADER_BYTES = ALIGN  # every message slot: one cache line of header words, then the payload
@@ -28,15 +28,18 @@ class Window:
     one target, so the protocol orders them by completing each before issuing the next).
     """
 
-    def __init__(self, comm, nbytes: int):
+    def __init__(self, comm, nbytes: int, init=None):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.win = MPI.Win.Allocate(nbytes, 1, comm=comm)
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self.mem = np.frombuffer(self.win.tomemory(), np.uint8) if nbytes else np.empty(0, np.uint8)
-        # Allocated memory is not zeroed, and every header word starts at 0 (FREE, seq 0, version 0): clear it,
-        # make the stores visible, and let no rank start writing before every owner has.
+        # Allocated memory is not zeroed, and header words start at 0 (seq 0, version 0) or at what ``init(mem)``
+        # stores: clear it, let ``init`` write, make the stores visible, and let no rank start writing before every
+        # owner has.
         self.mem[:] = 0
+        if init is not None:
+            init(self.mem)
         self.win.Sync()
         comm.Barrier()
         self._origin = np.zeros(1, WORD)
@@ -44,6 +47,7 @@ class Window:
         self._state_origin = np.zeros(1, STATE)
         self._state_compare = np.zeros(1, STATE)
         self._state_result = np.zeros(1, STATE)
+        self._noop = np.zeros(0, STATE)
 
     # --- the owner's view of its own memory (rule: Win.Sync before reading what others wrote) -----------------
     def sync(self) -> None:
@@ -98,6 +102,13 @@ class Window:
         """Atomically store consecutive 32-bit state words (Accumulate is atomic per element, G3); completes at the
         next ``flush(rank)``."""
         self.win.Accumulate(values, rank, offset, op=MPI.REPLACE)
+
+    def fetch_states(self, out: np.ndarray, rank: int, offset: int) -> None:
+        """Atomically read consecutive 32-bit state words into ``out`` (Get_accumulate NO_OP: atomic per element,
+        G3, unlike a Get); completes at the next ``flush(rank)``."""
+        if self._noop.size < out.size:  # the origin NO_OP ignores; MPI forbids it to overlap the result
+            self._noop = np.zeros(out.size, STATE)
+        self.win.Get_accumulate(self._noop[:out.size], out, rank, offset, op=MPI.NO_OP)
 
     def local_states(self, offset: int, count: int) -> np.ndarray:
         return self.mem[offset:offset + count * STATE_BYTES].view(STATE)
@@ -239,15 +250,23 @@ class RmaExperienceRing(ExperienceRing):
     def __init__(self, comm, config: TransportConfig, owner: int, ring: RingConfig):
         super().__init__(comm, owner, ring)
         self.transport = config
+        n = ring.slots
         self._states = 2 * WORD_BYTES
-        self._slots = align(self._states + ring.slots * STATE_BYTES)
+        self._slots = align(self._states + n * STATE_BYTES)
         self._slot_bytes = HEADER_BYTES + align(ring.slot_bytes)
-        self.window = Window(comm, self._slots + ring.slots * self._slot_bytes if self.is_owner else 0)
-        self._meta = np.zeros(5, WORD)
+        self.window = Window(comm, self._slots + n * self._slot_bytes if self.is_owner else 0,
+                             init=self._first_states if self.is_owner else None)
+        self._meta = np.zeros((n, 5), WORD)  # header rows of one batch: each stays untouched until its Flush
         self._old_meta = np.zeros(5, WORD)
-        self._free_words = np.full(ring.slots, FREE, STATE)  # the origin of the owner's batched FREE stores
+        self._found = np.zeros(n, STATE)  # the states a writer reads while claiming
+        self._words = np.zeros(n, STATE)  # the origin of batched state stores (READY by writers, FREE by the owner)
         self._held: dict[int, Segment] = {}  # owner: slot -> the view lent by take_view(), until release()
         self._dropped_at_close: int | None = None  # the window is gone after close(); its last count stays
+
+    def _first_states(self, mem: np.ndarray) -> None:
+        """Slot i's first ticket is i: it starts FREE(i) (ticket 0 makes slot 0's word 0)."""
+        n = self.config.slots
+        mem[self._states:self._states + n * STATE_BYTES].view(STATE)[:] = free_for(np.arange(n, dtype=STATE))
 
     def state_offset(self, slot: int) -> int:
         """Byte offset of slot ``slot``'s state word in the owner's window (docs/transport.md, section 5)."""
@@ -257,54 +276,101 @@ class RmaExperienceRing(ExperienceRing):
         """Byte offset of slot ``slot``'s header in the owner's window; its payload follows HEADER_BYTES later."""
         return self._slots + slot * self._slot_bytes
 
+    def _runs(self, first_ticket: int, count: int):
+        """(offset in the batch, first slot, length) of the runs of consecutive slots that tickets first_ticket ..
+        first_ticket + count - 1 map to: one run, or two when they wrap past the ring's last slot."""
+        n = self.config.slots
+        first = first_ticket % n
+        head = min(count, n - first)
+        return [(0, first, head)] + ([(head, 0, count - head)] if count > head else [])
+
     def put(self, payload, timeout_s=None):
-        data = as_bytes(payload)
-        self._check_writer(data)
+        return self.put_many([payload], timeout_s)[0]
+
+    def put_many(self, payloads, timeout_s=None):
+        data = [as_bytes(p) for p in payloads]
+        for d in data:
+            self._check_writer(d)
+        n, seqs = self.config.slots, []
+        for start in range(0, len(data), n):  # at most N tickets per batch: a batch never waits for itself
+            seqs += self._put_batch(data[start:start + n], timeout_s)
+        return seqs
+
+    def _put_batch(self, data: list[np.ndarray], timeout_s: float | None) -> list[int]:
+        w, owner, k = self.window, self.owner, len(data)
+        # One Fetch_and_op hands out k consecutive tickets: the shared counter orders all puts, so under a full
+        # ring the slot ticket t maps to holds the ring's oldest segment (ticket t - N), or is free for t.
+        first = w.fetch_add(k, owner, self.TICKET)
+        self._claim(first, k, timeout_s)
+        seqs = []
+        for i, payload in enumerate(data):
+            ticket, self.seq = first + i, self.seq + 1
+            at = self.slot_offset(ticket % self.config.slots)
+            if payload.size:
+                w.put(payload, owner, at + HEADER_BYTES)  # issued first: on a network the checksum overlaps it
+            meta = self._meta[i]
+            meta[0], meta[1], meta[2], meta[4] = payload.size, self.rank, self.seq, ticket
+            meta[3] = checksum(payload) if self.config.checksums else 0
+            w.put(meta, owner, at)
+            seqs.append(self.seq)
+        w.flush(owner)  # R4: every payload and header complete at the owner before any READY can be seen
+        words = self._words[:k]
+        words[:] = ready(np.arange(first, first + k, dtype=np.uint64)).astype(STATE)
+        for offset, slot, length in self._runs(first, k):
+            w.replace_states(words[offset:offset + length], owner, self.state_offset(slot))
+        w.flush(owner)
+        return seqs
+
+    def _claim(self, first: int, count: int, timeout_s: float | None) -> None:
+        """Wait until the slots of tickets first .. first + count - 1 are this writer's: FREE(t) (only ticket t
+        may fill it, so no CAS is needed), or under drop_oldest READY(t - N), stolen by CAS and counted."""
         w, owner, n = self.window, self.owner, self.config.slots
-        # A ticket from one shared counter orders all puts: slot = ticket mod N, so the slot a full ring hands to
-        # ticket t holds the oldest segment of the ring (ticket t - N) under drop_oldest.
-        ticket = w.fetch_add(1, owner, self.TICKET) + 1
-        slot = ticket % n
-        state_at = self.state_offset(slot)
-        expected, waiter = FREE, None
-        while True:
-            found = w.cas_state(expected, writing(ticket), owner, state_at)
-            if found == expected:
-                break
-            phase = state_phase(found)
-            if phase == "ready" and self.config.full_policy == "drop_oldest":
-                expected = found  # steal it, unless the owner takes it first (then the CAS fails and we retry)
-                continue
-            expected = FREE
-            if phase == "free":
-                continue
+        pending, waiter = set(range(first, first + count)), None
+        while pending:
+            low, high = min(pending), max(pending)  # read the states of every ticket between (at most N)
+            found = self._found[:high - low + 1]
+            for offset, slot, length in self._runs(low, len(found)):
+                w.fetch_states(found[offset:offset + length], owner, self.state_offset(slot))
+            w.flush(owner)
+            for ticket, state in zip(range(low, high + 1), found.tolist()):
+                if ticket not in pending:
+                    continue
+                slot = ticket % n
+                if state == free_for(ticket):
+                    pending.discard(ticket)
+                elif state == ready(ticket - n) and self.config.full_policy == "drop_oldest":
+                    if w.cas_state(state, writing(ticket), owner, self.state_offset(slot)) == state:
+                        self._count_drop(slot)
+                        pending.discard(ticket)
+                    # else the owner took it first: it will free it for this ticket; read again
+                elif not 0 < (ticket - state_ticket(state)) & TICKET_MASK <= TICKET_MASK // 2:
+                    # a ticket not earlier than ours, in a slot no one may touch before we fill it
+                    raise TransportError(f"transport channel 'ring': slot {slot} of rank {owner} is in state "
+                                         f"{state:#x} ({state_phase(state)}, ticket {state_ticket(state)}), which "
+                                         f"no writer waiting with ticket {ticket} can find (corrupt)")
+                # else an earlier round still holds the slot (its segment unconsumed, or its writer not done yet):
+                # wait for the owner, or for the writers queued before us
+            if not pending:
+                return
             if waiter is None:
                 self.blocked_puts += 1
+                ticket = min(pending)
                 waiter = Waiter(self.transport.poll, timeout_s or self.transport.timeout_s, self.channel, owner,
-                                f"a free slot (slot {slot}, ticket {ticket})")
+                                f"a free slot (slot {ticket % n}, ticket {ticket})")
             waiter.step()
-        if expected != FREE:
-            # The CAS READY(t') -> WRITING(t) succeeded: that segment is gone. Its header is still intact (only
-            # writers write headers, and this slot is ours now); record whose it was before overwriting it.
-            w.get(self._old_meta, owner, self.slot_offset(slot))
-            self.drops.append((int(self._old_meta[1]), int(self._old_meta[2])))
-            w.fetch_add(1, owner, self.DROPPED)
-        self.seq += 1
-        at = self.slot_offset(slot)
-        if data.size:
-            w.put(data, owner, at + HEADER_BYTES)  # issued first: on a network the checksum overlaps the transfer
-        meta = self._meta
-        meta[0], meta[1], meta[2], meta[4] = data.size, self.rank, self.seq, ticket
-        meta[3] = checksum(data) if self.config.checksums else 0
-        w.put(meta, owner, at)
-        w.flush(owner)  # payload and header complete at the owner before READY can be seen
-        w.replace_state(ready(ticket), owner, state_at)
-        return self.seq
+
+    def _count_drop(self, slot: int) -> None:
+        """After a steal: the slot's header still names the displaced segment (only writers write headers, and the
+        slot is ours now); record whose it was before overwriting it."""
+        w, owner = self.window, self.owner
+        w.get(self._old_meta, owner, self.slot_offset(slot))
+        self.drops.append((int(self._old_meta[1]), int(self._old_meta[2])))
+        w.fetch_add(1, owner, self.DROPPED)
 
     def take_view(self):
         self._check_owner("take_view")
         w, slot_bytes, checksums = self.window, self.config.slot_bytes, self.config.checksums
-        # Under `block` only the owner ever moves a slot out of READY (writers claim FREE slots only), so a READY
+        # Under `block` only the owner ever moves a slot out of READY (writers claim FREE ones only), so a READY
         # slot cannot change until the owner frees it: the owner takes it without touching its state word. Under
         # `drop_oldest` a writer may steal a READY slot: the owner's CAS READY(t) -> TAKEN(t) shuts writers out
         # (they wait on TAKEN as on WRITING) before it reads a byte, or fails because a writer stole it first.
@@ -315,8 +381,6 @@ class RmaExperienceRing(ExperienceRing):
         found = []
         for slot, state in enumerate(states):
             if state & 3 != PHASE_READY or slot in self._held:
-                if state & 3 == 0 and state != FREE:
-                    state_phase(state)  # raises ValueError naming the corrupt state word
                 continue
             if steals and w.cas_state(state, taken(state >> 2), self.rank, self.state_offset(slot)) != state:
                 self.lost_races += 1  # a writer stole it between the load and the CAS; it counted the drop
@@ -347,18 +411,23 @@ class RmaExperienceRing(ExperienceRing):
             del self._held[slot]
 
     def _free_slots(self, slots) -> None:
-        """Store FREE into the state words of ``slots``: one atomic Accumulate(REPLACE) per run of consecutive
+        """Store FREE(t + N) into the state words of ``slots`` holding ticket t (READY(t) under block, TAKEN(t) under
+        drop_oldest: the owner's own words, read locally): one atomic Accumulate(REPLACE) per run of consecutive
         slots, one Flush for all. Only the owner moves a slot out of READY (block) or TAKEN (drop_oldest), so a
         store suffices where a CAS's outcome would be known."""
         if not slots:
             return
-        w, order = self.window, sorted(slots)
+        w, n, order = self.window, self.config.slots, sorted(slots)
+        w.sync()
+        states = w.local_states(self._states, n)
         first = previous = order[0]
         for slot in order[1:] + [None]:
             if slot is not None and slot == previous + 1:
                 previous = slot
                 continue
-            w.replace_states(self._free_words[:previous - first + 1], self.rank, self.state_offset(first))
+            words = self._words[first:previous + 1]
+            words[:] = free_for((states[first:previous + 1] >> 2) + n)
+            w.replace_states(words, self.rank, self.state_offset(first))
             if slot is not None:
                 first = previous = slot
         w.flush(self.rank)

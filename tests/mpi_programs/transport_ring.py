@@ -1,11 +1,13 @@
 """Experience ring under pressure: rank 0 owns a small ring, every other rank writes segments into it.
 
-argv: backend slots segments_per_writer policy consumer_delay_s max_segment_bytes [assisted] [view]
+argv: backend slots segments_per_writer policy consumer_delay_s max_segment_bytes [assisted] [view] [batch]
 Every payload is generated from (writer rank, sequence number), so the owner can check each segment it consumes
 byte for byte, not only against the checksum in its header. ``view``: the owner consumes with ``take_view()``,
 checks each view in place while the writers race for slots, holds the views for ``consumer_delay_s``, checks them
 again (a byte changed while lent counts as bad), and only then releases them; else it copies with ``poll()``.
-Prints one JSON line on rank 0. With
+``batch``: writers hand over their segments with ``put_many`` in batches of 1, 2, ..., slots + 2 segments (the
+largest ones more than the ring holds). ``in_order`` in the report: every writer's segments were consumed in the
+order it put them. Prints one JSON line on rank 0. With
 TRANSPORT_META_DIR set, rank 0 also writes the run's meta.json there (backend and probe result, the host of every
 rank, the SLURM_* variables).
 """
@@ -34,8 +36,8 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     options = set(sys.argv[7:])
-    if not options <= {"assisted", "view"}:
-        raise SystemExit(f"unknown options {sorted(options - {'assisted', 'view'})}")
+    if not options <= {"assisted", "view", "batch"}:
+        raise SystemExit(f"unknown options {sorted(options - {'assisted', 'view', 'batch'})}")
     assisted = "assisted" in options  # accept RMA that progresses only while the target is in MPI
     view = "view" in options
     transport = Transport(comm, TransportConfig(backend=backend, timeout_s=60, require_passive_progress=not assisted))
@@ -81,7 +83,11 @@ def main() -> None:
         drops = [tuple(d) for r in reports for d in r["drops"]]
         blocked_puts = sum(r["blocked_puts"] for r in reports)
         ids = [s if isinstance(s, tuple) else (s.writer, s.seq) for s in consumed]
+        seqs: dict[int, list[int]] = {}
+        for writer, seq in ids:
+            seqs.setdefault(writer, []).append(seq)
         print(json.dumps({
+            "in_order": all(s == sorted(s) for s in seqs.values()),
             "backend": transport.backend, "produced": len(produced), "consumed": len(ids),
             "distinct_consumed": len(set(ids)), "bad_payloads": bad,
             "consumed_equals_produced": set(ids) == produced,
@@ -92,10 +98,15 @@ def main() -> None:
             "max_ready": max_ready, "release_twice_refused": release_twice_refused,
         }))
     else:
-        produced = []
-        for _ in range(per_writer):
-            seq = ring.put(payload_of(rank, ring.seq + 1, max_bytes))
-            produced.append((rank, seq))
+        produced, size = [], 0
+        while len(produced) < per_writer:
+            if "batch" in options:
+                size = size % (slots + 2) + 1
+                count = min(size, per_writer - len(produced))
+                batch = [payload_of(rank, ring.seq + 1 + i, max_bytes) for i in range(count)]
+                produced.extend((rank, seq) for seq in ring.put_many(batch))
+            else:
+                produced.append((rank, ring.put(payload_of(rank, ring.seq + 1, max_bytes))))
         comm.Ibarrier().Wait()
         ring.close()
         comm.gather({"produced": produced, "drops": ring.drops, "blocked_puts": ring.blocked_puts}, root=0)
