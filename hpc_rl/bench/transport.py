@@ -39,7 +39,7 @@ from hpc_rl.launch import mpirun_command, rank_env
 
 SIZES = (64 * 1024, 1024 * 1024)
 RING_SLOTS = 32  # slots of the ring and of the bare-Put window; the owner drains a batch per poll
-BATCH = 8  # segments per put_many call in rma_batch_GBps
+BATCH = RING_SLOTS // 2  # segments per put_many in rma_batch_GBps: one half fills while the owner drains the other
 
 
 def add_arguments(parser) -> None:
