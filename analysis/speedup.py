@@ -10,7 +10,8 @@ pipeline.staleness_queue or pipeline.target_reuse; --param for another key); the
 The baseline's versions to reach T is the mean over its seeds that reached T (undefined when fewer than
 --min-reached of them did, as the paper omits thresholds too few runs reach); each member seed's speed-up divides
 that mean by its own versions. Speed-ups are plotted against the swept value and against the *measured* staleness
-(sample-weighted mean) and reuse (mean over versions) of each group, with min..max over seeds as error bars.
+(sample-weighted mean) and reuse (mean over versions) of each group, with min..max over seeds as error bars; a group
+too few of whose seeds reach T is drawn as a triangle at speed-up 0.
 
 Writes, per sweep, speedup_<sweep>.png (the metric against versions for every member; speed-up against the swept
 value, the measured staleness and the measured reuse) and speedup_<sweep>.md (one row per threshold and value).
@@ -138,8 +139,15 @@ def figure(name, key, ablation, metric, groups, curves, rows: list[SpeedupRow], 
             ax.set(xticks=[], yticks=[])
             continue
         for j, t in enumerate(thresholds):
-            pts = sorted((r for r in rows if r.threshold == t and r.speedups.n
-                          and r.speedups.n >= min_reached * r.speedups.runs), key=lambda r: x_of[r.value].mean)
+            at_t = [r for r in rows if r.threshold == t]
+            pts = sorted((r for r in at_t if r.speedups.n and r.speedups.n >= min_reached * r.speedups.runs),
+                         key=lambda r: x_of[r.value].mean)
+            # Groups too few of whose seeds reached T: a speed-up of 0 (T never reached), drawn as such, so that
+            # what never learned stays on the plot rather than vanishing from it.
+            missed = [r for r in at_t if r not in pts]
+            if missed:
+                ax.scatter([x_of[r.value].mean for r in missed], [0.0] * len(missed), marker="v", s=30,
+                           color=f"C{j}", label=f"T = {fmt(t)}: too few seeds reached it (at 0)")
             if not pts:
                 continue
             x = np.array([x_of[r.value].mean for r in pts])
