@@ -220,13 +220,13 @@ class ExperienceRing(ABC):
 
     def _check_release(self, held: dict, segments: Iterable[Segment]) -> list[int]:
         """The slots of ``segments``, each a view currently held; raises ValueError naming the first that is not."""
-        slots = []
+        slots: dict[int, None] = {}  # ordered, with O(1) membership
         for seg in segments:
             if seg.slot is None or held.get(seg.slot) is not seg or seg.slot in slots:
                 raise ValueError(f"segment {seg.seq} from rank {seg.writer} is not a view held from take_view() "
                                  f"(a copy from poll(), or already released)")
-            slots.append(seg.slot)
-        return slots
+            slots[seg.slot] = None
+        return list(slots)
 
     @abstractmethod
     def dropped_total(self) -> int:

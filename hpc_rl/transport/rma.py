@@ -262,6 +262,15 @@ class RmaExperienceRing(ExperienceRing):
         self._words = np.zeros(n, STATE)  # the origin of batched state stores (READY by writers, FREE by the owner)
         self._held: dict[int, Segment] = {}  # owner: slot -> the view lent by take_view(), until release()
         self._dropped_at_close: int | None = None  # the window is gone after close(); its last count stays
+        if self.is_owner:  # views of the owner's own window: every slot's header words and its read-only payload
+            mem = self.window.mem
+            self._headers = np.ndarray((n, 5), WORD, mem, self._slots, (self._slot_bytes, WORD_BYTES))
+            self._payloads = []
+            for slot in range(n):
+                at = self.slot_offset(slot) + HEADER_BYTES
+                view = mem[at:at + ring.slot_bytes]
+                view.flags.writeable = False
+                self._payloads.append(view)
 
     def _first_states(self, mem: np.ndarray) -> None:
         """Slot i's first ticket is i: it starts FREE(i) (ticket 0 makes slot 0's word 0)."""
@@ -378,26 +387,32 @@ class RmaExperienceRing(ExperienceRing):
         w.sync()
         states = w.local_states(self._states, self.config.slots).tolist()
         w.sync()  # loads of the headers and payloads below are ordered after the loads of the states
+        slots = [slot for slot, state in enumerate(states) if state & 3 == PHASE_READY and slot not in self._held]
+        if steals:
+            taken_now = []
+            for slot in slots:
+                state = states[slot]
+                if w.cas_state(state, taken(state >> 2), self.rank, self.state_offset(slot)) == state:
+                    taken_now.append(slot)
+                else:
+                    self.lost_races += 1  # a writer stole it between the load and the CAS; it counted the drop
+            slots = taken_now
+        if not slots:
+            return []
         found = []
-        for slot, state in enumerate(states):
-            if state & 3 != PHASE_READY or slot in self._held:
-                continue
-            if steals and w.cas_state(state, taken(state >> 2), self.rank, self.state_offset(slot)) != state:
-                self.lost_races += 1  # a writer stole it between the load and the CAS; it counted the drop
-                continue
-            at = self.slot_offset(slot)
-            nbytes, writer, seq, expected_sum, ticket = w.local_words(at, 5).tolist()
-            payload = w.mem[at + HEADER_BYTES:at + HEADER_BYTES + min(nbytes, slot_bytes)]
-            if ready(ticket) != state or nbytes > slot_bytes or (checksums and checksum(payload) != expected_sum):
+        # Every header of the slots taken in one strided load (the headers sit slot_bytes apart): per segment the
+        # owner then only builds its view, which keeps a poll's cost per segment well under a 64 KiB Put's.
+        for slot, (nbytes, writer, seq, expected_sum, ticket) in zip(slots, self._headers[slots].tolist()):
+            payload = self._payloads[slot][:min(nbytes, slot_bytes)]  # read-only: only writers write the ring
+            if ready(ticket) != states[slot] or nbytes > slot_bytes or (
+                    checksums and checksum(payload) != expected_sum):
                 # The slot is useless: hand it and everything taken so far back before raising, so that a
                 # close() after the error neither finds it again nor leaves views held.
                 self._free_slots([slot] + [segment.slot for _, segment in found])
                 for _, segment in found:
                     del self._held[segment.slot]
                 raise TransportError(f"transport channel 'ring': segment {seq} from rank {writer} in slot {slot} "
-                                     f"is torn (header ticket {ticket} vs state {state:#x}, or bad checksum)")
-            payload = payload.view()
-            payload.flags.writeable = False  # the ring's memory: the owner reads it, only writers write it
+                                     f"is torn (header ticket {ticket} vs state {states[slot]:#x}, or bad checksum)")
             segment = Segment(writer, seq, payload, expected_sum, slot)
             self._held[slot] = segment
             found.append((ticket, segment))
