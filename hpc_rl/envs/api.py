@@ -89,10 +89,16 @@ class EnvSpec:
     def num_teams(self) -> int:
         return len(set(self.agent_team))
 
+    @staticmethod
+    def opponent_team(num_copies: int) -> np.ndarray:
+        """(copies,): the team an opponent (the scripted bot or a past version) plays in a two-team game: team 1 in
+        even copies and team 0 in odd ones, so the learning policy plays and learns both sides (it is the other
+        team, ``1 - opponent_team``)."""
+        return 1 - np.arange(num_copies) % 2
+
     def opponent_side(self, num_copies: int) -> np.ndarray:
-        """(copies, agents) bool: the agents an opponent (the scripted bot or a past version) plays in a two-team
-        game, team 1 in even copies and team 0 in odd ones, so the learning policy plays and learns both sides."""
-        return np.asarray(self.agent_team)[None, :] == (1 - np.arange(num_copies) % 2)[:, None]
+        """(copies, agents) bool: the agents of ``opponent_team`` in each copy."""
+        return np.asarray(self.agent_team)[None, :] == self.opponent_team(num_copies)[:, None]
 
     def observation_shapes(self, num_envs: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """The shape and dtype of every observation field for ``num_envs`` copies."""

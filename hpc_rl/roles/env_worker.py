@@ -67,7 +67,7 @@ class EnvWorker:
             self.bot = ScriptedBot(config.env.moba)
             self.bot_agents = self.spec.opponent_side(self.scripted)  # (scripted copies, agents)
             # The learning side's team in each scripted copy: a game is won when the winner is that team.
-            self.learner_team = np.arange(self.scripted) % 2
+            self.learner_team = 1 - self.spec.opponent_team(self.scripted)
         self.steps = 0
         self.games = 0
         self.bot_games = 0

@@ -121,6 +121,7 @@ class InferenceWorker:
         self.self_play = np.arange(n) >= config.env.scripted_copies()
         # The past version plays team 1 in even copies and team 0 in odd ones, so the latest policy learns both sides.
         self.past_side = self.spec.opponent_side(n)  # (copies, agents)
+        self.learner_team = 1 - self.spec.opponent_team(n)  # (copies,): the team the latest policy plays
         self.results: list[tuple[int, float]] = []
         self.rng: np.random.Generator | None = None
         self.past_games = 0
@@ -160,9 +161,8 @@ class InferenceWorker:
         for c in np.flatnonzero(starting):
             past = int(self.opponent[e][c])
             if past != LATEST and not first:
-                learner_team = c % 2  # the past version played the other side (see ``past_side``)
                 winner = int(message["winner"][c])  # -1: a draw (time limit)
-                self.results.append((past, 0.5 if winner < 0 else float(winner == learner_team)))
+                self.results.append((past, 0.5 if winner < 0 else float(winner == self.learner_team[c])))
             self.opponent[e][c] = self.pool.sample(self.rng)
             self.past_games += int(self.opponent[e][c] != LATEST)
 

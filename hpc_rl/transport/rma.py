@@ -93,11 +93,6 @@ class Window:
         self.win.Flush(rank)
         return int(self._state_result[0])
 
-    def replace_state(self, value: int, rank: int, offset: int) -> None:
-        self._state_origin[0] = value
-        self.win.Accumulate(self._state_origin, rank, offset, op=MPI.REPLACE)
-        self.win.Flush(rank)
-
     def replace_states(self, values: np.ndarray, rank: int, offset: int) -> None:
         """Atomically store consecutive 32-bit state words (Accumulate is atomic per element, G3); completes at the
         next ``flush(rank)``."""
