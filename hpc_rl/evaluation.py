@@ -20,7 +20,7 @@ from hpc_rl.analysis import wilson_interval
 from hpc_rl.config import TrainConfig, build_config
 from hpc_rl.model.device import to_device
 from hpc_rl.model.policy import HEADS, Policy, hero_indices
-from hpc_rl.runner import act, evaluate
+from hpc_rl.runner import act, evaluate, to_torch_tree
 from hpc_rl.storage import Checkpoint, open_run
 
 Player = Policy | str  # a policy, or the name of a reference bot ("random", "scripted")
@@ -29,7 +29,7 @@ Player = Policy | str  # a policy, or the name of a reference bot ("random", "sc
 def policy_from_checkpoint(ckpt: Checkpoint, config: TrainConfig) -> Policy:
     """The policy (parameters and observation normaliser) of a loaded checkpoint, in eval mode."""
     policy = Policy(config.env.make(num_envs=1).spec, config.model)
-    policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ckpt.sections["params"].items()})
+    policy.load_state_dict(to_torch_tree(ckpt.sections["params"]))
     return policy.eval()
 
 

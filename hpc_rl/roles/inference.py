@@ -25,15 +25,14 @@ import torch
 
 from hpc_rl.algo.rewards import shape_rewards
 from hpc_rl.config import TrainConfig
-from hpc_rl.envs.api import EnvSpec
+from hpc_rl.evaluation import policy_from_checkpoint
 from hpc_rl.league.pool import LATEST, OpponentPool
-from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.device import select_device, to_device
 from hpc_rl.model.policy import Policy, PolicyStep, hero_indices
 from hpc_rl.roles.common import TAG_POOL, TAG_POOL_RESULT, ControlLink, load_policy_vector, patiently, seed_for
 from hpc_rl.roles.env_worker import reply_layout, request_layout
 from hpc_rl.roles.segments import SegmentShape, pack_segment
-from hpc_rl.runner import SegmentBuffer, act, to_torch_tree
+from hpc_rl.runner import SegmentBuffer, act
 from hpc_rl.storage import load_checkpoint
 from hpc_rl.storage.checkpoint import checkpoint_name
 from hpc_rl.topology import local_rank
@@ -56,8 +55,8 @@ class PastPolicies:
     """Past versions of the policy, loaded read-only from their checkpoint files; the least recently used is
     dropped beyond ``capacity``."""
 
-    def __init__(self, spec: EnvSpec, model: ModelConfig, directory: Path, capacity: int, device: torch.device):
-        self.spec, self.model, self.directory, self.capacity, self.device = spec, model, directory, capacity, device
+    def __init__(self, config: TrainConfig, directory: Path, capacity: int, device: torch.device):
+        self.config, self.directory, self.capacity, self.device = config, directory, capacity, device
         self.loaded: OrderedDict[int, Policy] = OrderedDict()
 
     def get(self, version: int) -> Policy:
@@ -65,13 +64,10 @@ class PastPolicies:
             self.loaded.move_to_end(version)
             return self.loaded[version]
         ckpt = load_checkpoint(self.directory / checkpoint_name(version))  # raises naming the file if it is bad
-        policy = Policy(self.spec, self.model).to(self.device)
-        policy.load_state_dict(to_torch_tree(ckpt.sections["params"]))
-        policy.eval()
-        self.loaded[version] = policy
+        self.loaded[version] = policy_from_checkpoint(ckpt, self.config).to(self.device)
         if len(self.loaded) > self.capacity:
             self.loaded.popitem(last=False)
-        return policy
+        return self.loaded[version]
 
 
 class InferenceWorker:
@@ -115,7 +111,7 @@ class InferenceWorker:
         # ``opponent[e][copy]`` (LATEST: the latest policy, which then plays and learns both sides).
         self.league = config.uses_league
         self.pool = OpponentPool(latest_fraction=1.0 - config.league.past_fraction, eta=config.league.eta)
-        self.past = PastPolicies(self.spec, config.model, Path(config.runs_dir) / config.run_name / "checkpoints",
+        self.past = PastPolicies(config, Path(config.runs_dir) / config.run_name / "checkpoints",
                                  config.league.cached_policies, self.device)
         self.opponent = {e: np.full(n, LATEST, np.int64) for e in env_ranks}
         self.self_play = np.arange(n) >= config.env.scripted_copies()
