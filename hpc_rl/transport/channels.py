@@ -9,11 +9,14 @@ read-only views into the ring's own memory until ``release()``.
 
 from __future__ import annotations
 
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+_nbytes = operator.attrgetter("nbytes")
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,11 +164,12 @@ class ExperienceRing(ABC):
     def is_owner(self) -> bool:
         return self.rank == self.owner
 
-    def _check_writer(self, payload: np.ndarray) -> None:
-        if self.is_owner:
+    def _check_writer(self, payloads: Sequence[np.ndarray]) -> None:
+        if self.rank == self.owner:
             raise ValueError(f"rank {self.rank} owns this ring; the owner reads it, it does not put into it")
-        if payload.nbytes > self.config.slot_bytes:
-            raise ValueError(f"segment of {payload.nbytes} bytes exceeds slot_bytes={self.config.slot_bytes}")
+        largest = max(map(_nbytes, payloads))
+        if largest > self.config.slot_bytes:
+            raise ValueError(f"segment of {largest} bytes exceeds slot_bytes={self.config.slot_bytes}")
 
     def _check_owner(self, what: str) -> None:
         if not self.is_owner:

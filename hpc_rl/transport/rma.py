@@ -74,10 +74,16 @@ class Window:
         self.win.Flush(rank)
 
     def fetch_add(self, value: int, rank: int, offset: int) -> int:
-        self._origin[0] = value
-        self.win.Fetch_and_op(self._origin, self._result, rank, offset, op=MPI.SUM)
+        self.start_fetch_add(value, rank, offset)
         self.win.Flush(rank)
         return int(self._result[0])
+
+    def start_fetch_add(self, value: int, rank: int, offset: int) -> np.ndarray:
+        """Issue an atomic fetch-and-add of one word; its old value is in the returned array after the next
+        ``flush(rank)``."""
+        self._origin[0] = value
+        self.win.Fetch_and_op(self._origin, self._result, rank, offset, op=MPI.SUM)
+        return self._result
 
     def read(self, rank: int, offset: int) -> int:
         """Atomic remote read of one word (Fetch_and_op NO_OP)."""
@@ -234,36 +240,44 @@ class RmaStepExchange(StepExchange):
 
 
 class RmaExperienceRing(ExperienceRing):
-    """Owner's window: words [ticket counter, dropped counter], 32-bit state words of slots 0..N-1, then N slots.
+    """Owner's window: words [ticket counter, dropped counter], 32-bit state words of slots 0..N-1, the header table
+    (one 64-byte row per slot: words [nbytes, writer, seq, checksum, ticket]), then N payloads (slot_bytes each,
+    64-aligned).
 
-    Slot: words [nbytes, writer, seq, checksum, ticket], padding to 64 bytes, payload (slot_bytes, 64-aligned).
+    The headers sit in one table rather than in front of each payload so that a batch of k segments writes all its
+    headers with one Put per run of consecutive slots, and the owner reads them with one contiguous load.
     """
 
     TICKET = 0
     DROPPED = WORD_BYTES
+    HEADER_WORDS = HEADER_BYTES // WORD_BYTES  # a header row: 5 words used, padded to a cache line
 
     def __init__(self, comm, config: TransportConfig, owner: int, ring: RingConfig):
         super().__init__(comm, owner, ring)
         self.transport = config
         n = ring.slots
         self._states = 2 * WORD_BYTES
-        self._slots = align(self._states + n * STATE_BYTES)
-        self._slot_bytes = HEADER_BYTES + align(ring.slot_bytes)
-        self.window = Window(comm, self._slots + n * self._slot_bytes if self.is_owner else 0,
+        self._header_table = align(self._states + n * STATE_BYTES)
+        self._payload_area = self._header_table + n * HEADER_BYTES
+        self._payload_stride = align(ring.slot_bytes)
+        self.window = Window(comm, self._payload_area + n * self._payload_stride if self.is_owner else 0,
                              init=self._first_states if self.is_owner else None)
-        self._meta = np.zeros((n, 5), WORD)  # header rows of one batch: each stays untouched until its Flush
+        self._meta = np.zeros((n, self.HEADER_WORDS), WORD)  # header rows of one batch, untouched until its Flush
+        self._meta[:, 1] = self.rank
+        self._counting = np.arange(n, dtype=WORD)  # a batch's tickets and seqs are its first ones plus these
+        self._fours = self._counting.astype(STATE) << 2  # FREE(first + i) - FREE(first), modulo 2^32
+        self._next_ticket = 0  # writer: the ticket after its last batch's
         self._old_meta = np.zeros(5, WORD)
         self._found = np.zeros(n, STATE)  # the states a writer reads while claiming
         self._words = np.zeros(n, STATE)  # the origin of batched state stores (READY by writers, FREE by the owner)
         self._held: dict[int, Segment] = {}  # owner: slot -> the view lent by take_view(), until release()
         self._dropped_at_close: int | None = None  # the window is gone after close(); its last count stays
-        if self.is_owner:  # views of the owner's own window: every slot's header words and its read-only payload
+        if self.is_owner:  # views of the owner's own window: the header table and every slot's read-only payload
             mem = self.window.mem
-            self._headers = np.ndarray((n, 5), WORD, mem, self._slots, (self._slot_bytes, WORD_BYTES))
+            self._headers = mem[self._header_table:self._payload_area].view(WORD).reshape(n, self.HEADER_WORDS)
             self._payloads = []
             for slot in range(n):
-                at = self.slot_offset(slot) + HEADER_BYTES
-                view = mem[at:at + ring.slot_bytes]
+                view = mem[self.payload_offset(slot):self.payload_offset(slot) + ring.slot_bytes]
                 view.flags.writeable = False
                 self._payloads.append(view)
 
@@ -276,9 +290,13 @@ class RmaExperienceRing(ExperienceRing):
         """Byte offset of slot ``slot``'s state word in the owner's window (docs/transport.md, section 5)."""
         return self._states + slot * STATE_BYTES
 
-    def slot_offset(self, slot: int) -> int:
-        """Byte offset of slot ``slot``'s header in the owner's window; its payload follows HEADER_BYTES later."""
-        return self._slots + slot * self._slot_bytes
+    def header_offset(self, slot: int) -> int:
+        """Byte offset of slot ``slot``'s header row in the owner's window."""
+        return self._header_table + slot * HEADER_BYTES
+
+    def payload_offset(self, slot: int) -> int:
+        """Byte offset of slot ``slot``'s payload in the owner's window."""
+        return self._payload_area + slot * self._payload_stride
 
     def _runs(self, first_ticket: int, count: int):
         """(offset in the batch, first slot, length) of the runs of consecutive slots that tickets first_ticket ..
@@ -293,48 +311,74 @@ class RmaExperienceRing(ExperienceRing):
 
     def put_many(self, payloads, timeout_s=None):
         data = [as_bytes(p) for p in payloads]
-        for d in data:
-            self._check_writer(d)
+        if not data:
+            return []
+        self._check_writer(data)
         n, seqs = self.config.slots, []
         for start in range(0, len(data), n):  # at most N tickets per batch: a batch never waits for itself
             seqs += self._put_batch(data[start:start + n], timeout_s)
         return seqs
 
     def _put_batch(self, data: list[np.ndarray], timeout_s: float | None) -> list[int]:
-        w, owner, k = self.window, self.owner, len(data)
+        w, owner, k, n = self.window, self.owner, len(data), self.config.slots
         # One Fetch_and_op hands out k consecutive tickets: the shared counter orders all puts, so under a full
-        # ring the slot ticket t maps to holds the ring's oldest segment (ticket t - N), or is free for t.
-        first = w.fetch_add(k, owner, self.TICKET)
-        self._claim(first, k, timeout_s)
-        seqs = []
-        for i, payload in enumerate(data):
-            ticket, self.seq = first + i, self.seq + 1
-            at = self.slot_offset(ticket % self.config.slots)
-            if payload.size:
-                w.put(payload, owner, at + HEADER_BYTES)  # issued first: on a network the checksum overlaps it
-            meta = self._meta[i]
-            meta[0], meta[1], meta[2], meta[4] = payload.size, self.rank, self.seq, ticket
-            meta[3] = checksum(payload) if self.config.checksums else 0
-            w.put(meta, owner, at)
-            seqs.append(self.seq)
+        # ring the slot ticket t maps to holds the ring's oldest segment (ticket t - N), or is free for t. The
+        # claim's first read goes out with it, for the tickets this writer would get if no other writer put since
+        # its last batch (always, with one writer): the read need not follow the fetch, since a slot found in
+        # FREE(t) stays so until the holder of ticket t fills it. One Flush completes both.
+        guess = self._next_ticket
+        result = w.start_fetch_add(k, owner, self.TICKET)
+        runs = self._runs(guess, k)
+        found = self._read_states(guess, k, runs)
+        w.flush(owner)
+        first = int(result[0])
+        self._next_ticket = first + k
+        if first != guess:
+            runs = self._runs(first, k)
+            found = self._read_states(first, k, runs)
+            w.flush(owner)
+        # FREE(first + i) = FREE(first) + 4i in uint32 arithmetic, wrap included (the state is the ticket's low 30
+        # bits times 4): the batch's expected states, and its READY states (+ PHASE_READY), cost one vector add each.
+        free = self._fours[:k] + free_for(first)
+        if found.tobytes() != free.tobytes():  # else, the common case, every slot is free for its ticket
+            self._claim(first, free, timeout_s)
+        put, at, stride = w.win.Put, self._payload_area, self._payload_stride
+        for ticket, payload in enumerate(data, first):
+            if len(payload):  # issued first: on a network the checksums overlap the payloads' transfer
+                put(payload, owner, at + ticket % n * stride)
+        meta = self._meta[:k]  # column 1 (the writer's rank) was filled once, column 3 too without checksums
+        meta[:, 0] = list(map(len, data))
+        np.add(self._counting[:k], self.seq + 1, out=meta[:, 2])
+        if self.config.checksums:
+            meta[:, 3] = list(map(checksum, data))
+        np.add(self._counting[:k], first, out=meta[:, 4])
+        for offset, slot, length in runs:
+            put(meta[offset:offset + length], owner, self.header_offset(slot))
         w.flush(owner)  # R4: every payload and header complete at the owner before any READY can be seen
-        words = self._words[:k]
-        words[:] = ready(np.arange(first, first + k, dtype=np.uint64)).astype(STATE)
-        for offset, slot, length in self._runs(first, k):
+        words = np.add(free, PHASE_READY, out=self._words[:k])
+        for offset, slot, length in runs:
             w.replace_states(words[offset:offset + length], owner, self.state_offset(slot))
         w.flush(owner)
-        return seqs
+        self.seq += k
+        return list(range(self.seq - k + 1, self.seq + 1))
 
-    def _claim(self, first: int, count: int, timeout_s: float | None) -> None:
-        """Wait until the slots of tickets first .. first + count - 1 are this writer's: FREE(t) (only ticket t
-        may fill it, so no CAS is needed), or under drop_oldest READY(t - N), stolen by CAS and counted."""
+    def _read_states(self, first: int, count: int, runs) -> np.ndarray:
+        """Issue atomic reads of the state words of tickets first .. first + count - 1 (``runs``: their slots' runs);
+        the returned array holds them after the next ``flush(owner)``."""
+        found = self._found[:count]
+        for offset, slot, length in runs:
+            self.window.fetch_states(found[offset:offset + length], self.owner, self.state_offset(slot))
+        return found
+
+    def _claim(self, first: int, free: np.ndarray, timeout_s: float | None) -> None:
+        """Wait until the slots of tickets first, first + 1, ... (FREE(t) states ``free``) are this writer's: FREE(t)
+        (only ticket t may fill it, so no CAS is needed), or under drop_oldest READY(t - N), stolen by CAS and
+        counted."""
         w, owner, n = self.window, self.owner, self.config.slots
-        pending, waiter = set(range(first, first + count)), None
-        while pending:
-            low, high = min(pending), max(pending)  # read the states of every ticket between (at most N)
-            found = self._found[:high - low + 1]
-            for offset, slot, length in self._runs(low, len(found)):
-                w.fetch_states(found[offset:offset + length], owner, self.state_offset(slot))
+        low, high, waiter = first, first + len(free) - 1, None
+        pending = set(range(low, high + 1))
+        while True:
+            found = self._read_states(low, high - low + 1, self._runs(low, high - low + 1))
             w.flush(owner)
             for ticket, state in zip(range(low, high + 1), found.tolist()):
                 if ticket not in pending:
@@ -356,9 +400,10 @@ class RmaExperienceRing(ExperienceRing):
                 # wait for the owner, or for the writers queued before us
             if not pending:
                 return
+            low, high = min(pending), max(pending)
             if waiter is None:
                 self.blocked_puts += 1
-                ticket = min(pending)
+                ticket = low
                 waiter = Waiter(self.transport.poll, timeout_s or self.transport.timeout_s, self.channel, owner,
                                 f"a free slot (slot {ticket % n}, ticket {ticket})")
             waiter.step()
@@ -367,7 +412,7 @@ class RmaExperienceRing(ExperienceRing):
         """After a steal: the slot's header still names the displaced segment (only writers write headers, and the
         slot is ours now); record whose it was before overwriting it."""
         w, owner = self.window, self.owner
-        w.get(self._old_meta, owner, self.slot_offset(slot))
+        w.get(self._old_meta, owner, self.header_offset(slot))
         self.drops.append((int(self._old_meta[1]), int(self._old_meta[2])))
         w.fetch_add(1, owner, self.DROPPED)
 
@@ -382,7 +427,8 @@ class RmaExperienceRing(ExperienceRing):
         w.sync()
         states = w.local_states(self._states, self.config.slots).tolist()
         w.sync()  # loads of the headers and payloads below are ordered after the loads of the states
-        slots = [slot for slot, state in enumerate(states) if state & 3 == PHASE_READY and slot not in self._held]
+        held = self._held
+        slots = [slot for slot, state in enumerate(states) if state & 3 == PHASE_READY and slot not in held]
         if steals:
             taken_now = []
             for slot in slots:
@@ -394,24 +440,25 @@ class RmaExperienceRing(ExperienceRing):
             slots = taken_now
         if not slots:
             return []
+        # The headers of every slot taken, in one load from the table, sorted by ticket: per segment the owner then
+        # only checks them and builds its view, which keeps a poll's cost per segment well under a Put's.
+        headers = sorted(zip(self._headers[slots, :5].tolist(), slots), key=lambda row: row[0][4])
         found = []
-        # Every header of the slots taken in one strided load (the headers sit slot_bytes apart): per segment the
-        # owner then only builds its view, which keeps a poll's cost per segment well under a 64 KiB Put's.
-        for slot, (nbytes, writer, seq, expected_sum, ticket) in zip(slots, self._headers[slots].tolist()):
-            payload = self._payloads[slot][:min(nbytes, slot_bytes)]  # read-only: only writers write the ring
+        for (nbytes, writer, seq, expected_sum, ticket), slot in headers:
+            payload = self._payloads[slot][:nbytes]  # read-only: only writers write the ring
             if ready(ticket) != states[slot] or nbytes > slot_bytes or (
                     checksums and checksum(payload) != expected_sum):
-                # The slot is useless: hand it and everything taken so far back before raising, so that a
-                # close() after the error neither finds it again nor leaves views held.
-                self._free_slots([slot] + [segment.slot for _, segment in found])
-                for _, segment in found:
-                    del self._held[segment.slot]
+                # The slot is useless: hand back every slot this call took before raising, so that a close()
+                # after the error neither finds them again nor leaves views held.
+                self._free_slots(slots)
+                for segment in found:
+                    del held[segment.slot]
                 raise TransportError(f"transport channel 'ring': segment {seq} from rank {writer} in slot {slot} "
                                      f"is torn (header ticket {ticket} vs state {states[slot]:#x}, or bad checksum)")
             segment = Segment(writer, seq, payload, expected_sum, slot)
-            self._held[slot] = segment
-            found.append((ticket, segment))
-        return [segment for _, segment in sorted(found, key=lambda pair: pair[0])]
+            held[slot] = segment
+            found.append(segment)
+        return found
 
     def release(self, segments):
         self._check_owner("release")

@@ -205,7 +205,7 @@ class TwoSidedExperienceRing(ExperienceRing):
             self._send(self._outbox.popleft()[1])
 
     def put(self, payload, timeout_s=None):
-        self._check_writer(payload)
+        self._check_writer([payload])
         block = self.config.full_policy == "block"
         if block and self._inflight is not None:
             self.blocked_puts += self.ep.wait(self._inflight, self.owner,

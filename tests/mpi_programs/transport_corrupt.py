@@ -24,7 +24,7 @@ def main() -> None:
         ring = transport.experience_ring(0, RingConfig(slots=4, slot_bytes=4096))
         if rank == 1:
             ring.put(np.arange(4096, dtype=np.uint8))  # ticket 0 lands in slot 0
-            ring.window.put(np.full(1, 7, np.uint8), 0, ring.slot_offset(0) + HEADER_BYTES + 100)
+            ring.window.put(np.full(1, 7, np.uint8), 0, ring.payload_offset(0) + 100)
             ring.window.flush(0)
         comm.Barrier()
         error = None
