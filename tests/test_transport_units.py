@@ -8,7 +8,8 @@ import pytest
 from hpc_rl.envs.api import EntitySpec, EnvSpec
 from hpc_rl.transport import (ArrayLayout, PollConfig, RingConfig, TransportConfig, TransportTimeout, checksum,
                               step_reply_layout, step_request_layout)
-from hpc_rl.transport.layout import align, free_for, ready, state_phase, state_ticket, taken, writing
+from hpc_rl.transport.layout import (align, free_for, free_run, freed, ready, state_phase, state_ticket, taken,
+                                     writing)
 from hpc_rl.transport.wait import Waiter
 
 
@@ -91,6 +92,21 @@ def test_slot_state_words_round_trip():
     assert ready(1 << 30) == ready(0)  # tickets wrap after 2^30 puts
     assert free_for(-1) == free_for((1 << 30) - 1)  # the round before ticket 0, as the writers of ticket < N see it
     np.testing.assert_array_equal(free_for(np.arange(3, dtype=np.uint32)), [0, 4, 8])  # arrays too (the owner's)
+
+
+def test_state_runs_match_the_state_of_each_ticket_across_the_wrap():
+    """The ring's vector forms (a batch's FREE states, the owner's FREE(t + N) after READY(t) / TAKEN(t)) against
+    free_for per ticket, for batches that start anywhere, the 2^30 ticket wrap included."""
+    slots = 8
+    fours = np.arange(slots, dtype=np.uint32) << 2
+    for first in (0, 5, (1 << 30) - 3, (1 << 30) - 1, 1 << 30, 3 * (1 << 30) + 7):
+        tickets = range(first, first + slots)
+        assert free_run(first, fours).tolist() == [free_for(t) for t in tickets]
+        for phase in (ready, taken):
+            states = np.array([phase(t) for t in tickets], np.uint32)
+            out = np.zeros(slots, np.uint32)
+            assert freed(states, slots, out) is out
+            assert out.tolist() == [free_for(t + slots) for t in tickets]
 
 
 def test_configs_reject_bad_values_naming_the_field():

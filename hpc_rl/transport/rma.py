@@ -9,16 +9,20 @@ call here takes a lock per message.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 from mpi4py import MPI
 
 from hpc_rl.transport.channels import ExperienceRing, ParameterChannel, Segment, StepExchange
 from hpc_rl.transport.config import RingConfig, TransportConfig
 from hpc_rl.transport.layout import (ALIGN, PHASE_READY, STATE, STATE_BYTES, TICKET_MASK, WORD, WORD_BYTES, align,
-                                     as_bytes, checksum, free_for, ready, state_phase, state_ticket, taken, writing)
+                                     as_bytes, checksum, free_for, free_run, freed, ready, state_phase, state_ticket,
+                                     taken, writing)
 from hpc_rl.transport.wait import TransportError, Waiter
 
 HEADER_BYTES = ALIGN  # every message slot: one cache line of header words, then the payload
+_BY_TICKET = operator.itemgetter(4)  # a ring header row [nbytes, writer, seq, checksum, ticket, ...]'s sort key
 
 
 class Window:
@@ -245,7 +249,7 @@ class RmaExperienceRing(ExperienceRing):
     64-aligned).
 
     The headers sit in one table rather than in front of each payload so that a batch of k segments writes all its
-    headers with one Put per run of consecutive slots, and the owner reads them with one contiguous load.
+    headers with one Put per run of consecutive slots.
     """
 
     TICKET = 0
@@ -264,8 +268,8 @@ class RmaExperienceRing(ExperienceRing):
                              init=self._first_states if self.is_owner else None)
         self._meta = np.zeros((n, self.HEADER_WORDS), WORD)  # header rows of one batch, untouched until its Flush
         self._meta[:, 1] = self.rank
-        self._counting = np.arange(n, dtype=WORD)  # a batch's tickets and seqs are its first ones plus these
-        self._fours = self._counting.astype(STATE) << 2  # FREE(first + i) - FREE(first), modulo 2^32
+        self._counting = np.arange(n, dtype=WORD)  # a batch's seqs and tickets are its first ones plus these
+        self._fours = self._counting.astype(STATE) << 2  # 4i: FREE(first + i) - FREE(first), modulo 2^32
         self._next_ticket = 0  # writer: the ticket after its last batch's
         self._old_meta = np.zeros(5, WORD)
         self._found = np.zeros(n, STATE)  # the states a writer reads while claiming
@@ -310,7 +314,7 @@ class RmaExperienceRing(ExperienceRing):
         return self.put_many([payload], timeout_s)[0]
 
     def put_many(self, payloads, timeout_s=None):
-        data = [as_bytes(p) for p in payloads]
+        data = list(map(as_bytes, payloads))
         if not data:
             return []
         self._check_writer(data)
@@ -337,9 +341,7 @@ class RmaExperienceRing(ExperienceRing):
             runs = self._runs(first, k)
             found = self._read_states(first, k, runs)
             w.flush(owner)
-        # FREE(first + i) = FREE(first) + 4i in uint32 arithmetic, wrap included (the state is the ticket's low 30
-        # bits times 4): the batch's expected states, and its READY states (+ PHASE_READY), cost one vector add each.
-        free = self._fours[:k] + free_for(first)
+        free = free_run(first, self._fours[:k])  # the batch's FREE(t); its READY(t) are these + PHASE_READY
         if found.tobytes() != free.tobytes():  # else, the common case, every slot is free for its ticket
             self._claim(first, free, timeout_s)
         put, at, stride = w.win.Put, self._payload_area, self._payload_stride
@@ -348,9 +350,9 @@ class RmaExperienceRing(ExperienceRing):
                 put(payload, owner, at + ticket % n * stride)
         meta = self._meta[:k]  # column 1 (the writer's rank) was filled once, column 3 too without checksums
         meta[:, 0] = list(map(len, data))
-        np.add(self._counting[:k], self.seq + 1, out=meta[:, 2])
         if self.config.checksums:
             meta[:, 3] = list(map(checksum, data))
+        np.add(self._counting[:k], self.seq + 1, out=meta[:, 2])
         np.add(self._counting[:k], first, out=meta[:, 4])
         for offset, slot, length in runs:
             put(meta[offset:offset + length], owner, self.header_offset(slot))
@@ -440,11 +442,12 @@ class RmaExperienceRing(ExperienceRing):
             slots = taken_now
         if not slots:
             return []
-        # The headers of every slot taken, in one load from the table, sorted by ticket: per segment the owner then
-        # only checks them and builds its view, which keeps a poll's cost per segment well under a Put's.
-        headers = sorted(zip(self._headers[slots, :5].tolist(), slots), key=lambda row: row[0][4])
+        # The header rows of the slots taken, sorted by ticket: per segment the owner then only checks them and
+        # builds its view, which keeps a poll's cost per segment well under a Put's.
+        headers = self._headers
+        rows = sorted((headers[slot, :5].tolist() + [slot] for slot in slots), key=_BY_TICKET)
         found = []
-        for (nbytes, writer, seq, expected_sum, ticket), slot in headers:
+        for nbytes, writer, seq, expected_sum, ticket, slot in rows:
             payload = self._payloads[slot][:nbytes]  # read-only: only writers write the ring
             if ready(ticket) != states[slot] or nbytes > slot_bytes or (
                     checksums and checksum(payload) != expected_sum):
@@ -482,8 +485,7 @@ class RmaExperienceRing(ExperienceRing):
             if slot is not None and slot == previous + 1:
                 previous = slot
                 continue
-            words = self._words[first:previous + 1]
-            words[:] = free_for((states[first:previous + 1] >> 2) + n)
+            words = freed(states[first:previous + 1], n, self._words[first:previous + 1])
             w.replace_states(words, self.rank, self.state_offset(first))
             if slot is not None:
                 first = previous = slot
