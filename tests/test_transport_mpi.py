@@ -224,5 +224,9 @@ def test_transport_bench_reports_every_figure_measured_alike():
         cpu = figures["cpu_us_per_segment"]
         assert all(cpu["writer"][m] > 0 for m in ("raw_put",) + rings)
         assert all(cpu["owner"][m] > 0 for m in rings)
+        model, nbytes = figures["cost_model"], 64 << 10 if size == "64KiB" else 1 << 20
+        assert model["raw_put_us"] == pytest.approx(nbytes / figures["raw_put_GBps"] / 1e3, rel=1e-3, abs=0.01)
+        single_us = nbytes / figures["rma_nochecksum_GBps"] / 1e3
+        assert model["fixed_us"] + model["per_segment_us"] == pytest.approx(single_us, rel=1e-3, abs=0.02)
     for backend in ("rma", "twosided"):
         assert 0 < r["roundtrip_us_8KiB"][backend]["median"] <= r["roundtrip_us_8KiB"][backend]["p90"]

@@ -160,3 +160,13 @@ def test_waiter_spins_before_sleeping():
         waiter.step()
         steps += 1
     assert steps > 50  # sleeping 1 ms per step would allow at most 5
+
+
+def test_cost_model_solves_the_two_measured_batches():
+    from hpc_rl.bench.transport import cost_model
+
+    # cost(k) = 16 / k + 3 µs per segment: cost(1) = 19, cost(16) = 4
+    assert cost_model(19.0, 4.0, 16, 3.6) == {"fixed_us": 16.0, "per_segment_us": 3.0, "raw_put_us": 3.6}
+    assert cost_model(10.0, 10.0, 4, 3.6) == {"fixed_us": 0.0, "per_segment_us": 10.0, "raw_put_us": 3.6}
+    with pytest.raises(ValueError, match="at least 2"):
+        cost_model(19.0, 4.0, 1, 3.6)

@@ -20,7 +20,11 @@ writes, rank 1 receives:
 - ``<ring>_over_raw_put`` for every ring above: its best over the best ``raw_put_GBps`` (the goal is >= 0.8);
   ``<ring>_over_raw_put_runs``: the same ratio within each repeat (measured back to back, under the same load);
 - ``cpu_us_per_segment`` (last repeat): CPU time per segment of the writer and of the owner, which a busy host
-  disturbs less than wall time (the ring needs both ranks on a core at once, the bare loop only the writer).
+  disturbs less than wall time (the ring needs both ranks on a core at once, the bare loop only the writer);
+- ``cost_model``: the ring's time per segment (from its best rate) as ``fixed / k + per_segment`` for a
+  ``put_many`` of k segments, checksums off, solved from k = 1 (``rma_nochecksum``) and k = ``BATCH``
+  (``rma_batch_nochecksum``), beside ``raw_put_us``, the bare loop's time per segment: what the protocol costs per
+  call and per segment. (It holds for batches that divide the ring: others leave the writer waiting for slots.)
 
 ``roundtrip_us_8KiB``: env -> inference -> env through the step exchange, 8 KiB each way, per backend (median,
 p90). Each bandwidth is the best of ``--repeats`` runs, since the machine is shared and only ratios carry over.
@@ -61,6 +65,15 @@ def run(args) -> dict:
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"transport benchmark job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return json.loads(lines[-1])
+
+
+def cost_model(single_us: float, batch_us: float, batch: int, raw_us: float) -> dict:
+    """Fit cost(k) = fixed / k + per_segment (µs per segment for a put_many of k) through cost(1) = ``single_us``
+    and cost(``batch``) = ``batch_us``; ``raw_us`` (the bare Put loop's µs per segment) rides along to compare."""
+    if batch < 2:
+        raise ValueError(f"the model needs a batch of at least 2 segments, got {batch}")
+    fixed = (single_us - batch_us) * batch / (batch - 1)
+    return {"fixed_us": round(fixed, 2), "per_segment_us": round(single_us - fixed, 2), "raw_put_us": round(raw_us, 2)}
 
 
 def _label(nbytes: int) -> str:
@@ -175,6 +188,8 @@ def _ranks(bytes_per_run: int, repeats: int, roundtrips: int) -> None:
         gathered = comm.allgather(cpu_us)
         best["cpu_us_per_segment"] = {
             side: {m: round(gathered[r][m, r], 2) for m in methods} for side, r in (("writer", 0), ("owner", 1))}
+        us = {m: nbytes / best[f"{m}_GBps"] / 1e3 for m in ("rma_nochecksum", "rma_batch_nochecksum", "raw_put")}
+        best["cost_model"] = cost_model(us["rma_nochecksum"], us["rma_batch_nochecksum"], BATCH, us["raw_put"])
         result[_label(nbytes)] = best
 
     latency = {}
