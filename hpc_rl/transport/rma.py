@@ -271,6 +271,7 @@ class RmaExperienceRing(ExperienceRing):
         self._counting = np.arange(n, dtype=WORD)  # a batch's seqs and tickets are its first ones plus these
         self._fours = self._counting.astype(STATE) << 2  # 4i: FREE(first + i) - FREE(first), modulo 2^32
         self._next_ticket = 0  # writer: the ticket after its last batch's
+        self._run_cache: dict[tuple[int, int], tuple] = {}
         self._old_meta = np.zeros(5, WORD)
         self._found = np.zeros(n, STATE)  # the states a writer reads while claiming
         self._words = np.zeros(n, STATE)  # the origin of batched state stores (READY by writers, FREE by the owner)
@@ -302,13 +303,21 @@ class RmaExperienceRing(ExperienceRing):
         """Byte offset of slot ``slot``'s payload in the owner's window."""
         return self._payload_area + slot * self._payload_stride
 
-    def _runs(self, first_ticket: int, count: int):
-        """(offset in the batch, first slot, length) of the runs of consecutive slots that tickets first_ticket ..
-        first_ticket + count - 1 map to: one run, or two when they wrap past the ring's last slot."""
-        n = self.config.slots
-        first = first_ticket % n
-        head = min(count, n - first)
-        return [(0, first, head)] + ([(head, 0, count - head)] if count > head else [])
+    def _runs(self, first_ticket: int, count: int) -> tuple[tuple[int, int, int, int], ...]:
+        """The runs of consecutive slots that tickets first_ticket .. first_ticket + count - 1 map to (one, or two
+        when they wrap past the ring's last slot), each as (offset in the batch, length, byte offset of its first
+        header, byte offset of its first state word). Remembered per (first slot, count), up to 4N of them: a
+        writer's batches repeat a few."""
+        first = first_ticket % self.config.slots
+        runs = self._run_cache.get((first, count))
+        if runs is None:
+            head = min(count, self.config.slots - first)
+            spans = [(0, first, head)] + ([(head, 0, count - head)] if count > head else [])
+            runs = tuple((offset, length, self.header_offset(slot), self.state_offset(slot))
+                         for offset, slot, length in spans)
+            if len(self._run_cache) < 4 * self.config.slots:
+                self._run_cache[first, count] = runs
+        return runs
 
     def put(self, payload, timeout_s=None):
         return self.put_many([payload], timeout_s)[0]
@@ -318,10 +327,11 @@ class RmaExperienceRing(ExperienceRing):
         if not data:
             return []
         self._check_writer(data)
-        n, seqs = self.config.slots, []
-        for start in range(0, len(data), n):  # at most N tickets per batch: a batch never waits for itself
-            seqs += self._put_batch(data[start:start + n], timeout_s)
-        return seqs
+        n = self.config.slots
+        if len(data) <= n:
+            return self._put_batch(data, timeout_s)
+        # at most N tickets per batch: a batch never waits for itself
+        return [seq for start in range(0, len(data), n) for seq in self._put_batch(data[start:start + n], timeout_s)]
 
     def _put_batch(self, data: list[np.ndarray], timeout_s: float | None) -> list[int]:
         w, owner, k, n = self.window, self.owner, len(data), self.config.slots
@@ -354,12 +364,12 @@ class RmaExperienceRing(ExperienceRing):
             meta[:, 3] = list(map(checksum, data))
         np.add(self._counting[:k], self.seq + 1, out=meta[:, 2])
         np.add(self._counting[:k], first, out=meta[:, 4])
-        for offset, slot, length in runs:
-            put(meta[offset:offset + length], owner, self.header_offset(slot))
+        for offset, length, header_at, _ in runs:
+            put(meta[offset:offset + length], owner, header_at)
         w.flush(owner)  # R4: every payload and header complete at the owner before any READY can be seen
         words = np.add(free, PHASE_READY, out=self._words[:k])
-        for offset, slot, length in runs:
-            w.replace_states(words[offset:offset + length], owner, self.state_offset(slot))
+        for offset, length, _, state_at in runs:
+            w.replace_states(words[offset:offset + length], owner, state_at)
         w.flush(owner)
         self.seq += k
         return list(range(self.seq - k + 1, self.seq + 1))
@@ -368,8 +378,8 @@ class RmaExperienceRing(ExperienceRing):
         """Issue atomic reads of the state words of tickets first .. first + count - 1 (``runs``: their slots' runs);
         the returned array holds them after the next ``flush(owner)``."""
         found = self._found[:count]
-        for offset, slot, length in runs:
-            self.window.fetch_states(found[offset:offset + length], self.owner, self.state_offset(slot))
+        for offset, length, _, state_at in runs:
+            self.window.fetch_states(found[offset:offset + length], self.owner, state_at)
         return found
 
     def _claim(self, first: int, free: np.ndarray, timeout_s: float | None) -> None:
