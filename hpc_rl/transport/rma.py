@@ -355,9 +355,8 @@ class RmaExperienceRing(ExperienceRing):
         if found.tobytes() != free.tobytes():  # else, the common case, every slot is free for its ticket
             self._claim(first, free, timeout_s)
         put, at, stride = w.win.Put, self._payload_area, self._payload_stride
-        for ticket, payload in enumerate(data, first):
-            if len(payload):  # issued first: on a network the checksums overlap the payloads' transfer
-                put(payload, owner, at + ticket % n * stride)
+        for ticket, payload in enumerate(data, first):  # first: on a network the checksums overlap the transfers
+            put(payload, owner, at + ticket % n * stride)  # (a Put of 0 bytes is a valid no-op)
         meta = self._meta[:k]  # column 1 (the writer's rank) was filled once, column 3 too without checksums
         meta[:, 0] = list(map(len, data))
         if self.config.checksums:
