@@ -48,13 +48,16 @@ def mpirun_command(num_ranks: int, argv: Sequence[str], python: str | None = Non
     ``python -m mpi4py`` makes an uncaught exception on any rank call ``MPI_Abort`` on the whole job, so a failing
     rank ends the job instead of leaving its peers waiting forever.
     """
+    return mpirun_program(num_ranks, [python or sys.executable, "-m", "mpi4py", *argv])
+
+
+def mpirun_program(num_ranks: int, program: Sequence[str]) -> list[str]:
+    """``mpirun`` running ``program`` (an executable and its arguments) on ``num_ranks`` local ranks, oversubscribed
+    and yielding when idle, as every job here runs."""
     if num_ranks < 1:
         raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
-    return [
-        "mpirun", "-np", str(num_ranks), "--oversubscribe", "--bind-to", "none",
-        "--mca", "mpi_yield_when_idle", "1",
-        python or sys.executable, "-m", "mpi4py", *argv,
-    ]
+    return ["mpirun", "-np", str(num_ranks), "--oversubscribe", "--bind-to", "none",
+            "--mca", "mpi_yield_when_idle", "1", *program]
 
 
 def isolate_shared_memory() -> None:
