@@ -165,7 +165,7 @@ class ExperienceRing(ABC):
         return self.rank == self.owner
 
     def _check_writer(self, payloads: Sequence[np.ndarray]) -> None:
-        if self.rank == self.owner:
+        if self.is_owner:
             raise ValueError(f"rank {self.rank} owns this ring; the owner reads it, it does not put into it")
         largest = max(map(_nbytes, payloads))
         if largest > self.config.slot_bytes:
