@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make setup: install the whole stack on a fresh Debian 12 machine, idempotently.
 #   1. Debian packages: Open MPI, Slurm, munge, a C++ toolchain and cmake (skipped when installed)
-#   2. .venv with torch (CPU build), mpi4py, h5py, hydra, submitit, pytest and hpc_rl (editable)
+#   2. .venv with torch (CPU build), mpi4py, h5py, hydra, submitit, pytest and hpc_rl (editable; its C module is
+#      built with mpicc)
 #   3. Horovod 0.28.1 with the C++17 fix (scripts/build_horovod.sh; the wheel is cached, so a second run is fast)
 #   4. a check that fails loudly if anything is missing
 set -euo pipefail
@@ -34,11 +35,16 @@ if ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$
   log "installing torch==$TORCH_VERSION (CPU build)"
   "${PIP[@]}" "torch==$TORCH_VERSION"
 fi
+# hpc_rl's C module (the experience ring's MPI calls, hpc_rl/transport/_ring.c) and mpi4py need Python's headers.
+include=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+[ -f "$include/Python.h" ] || fail "$include/Python.h is missing: install your Python's headers (Debian: python3-dev)"
 stamp="$VENV/.hpc_rl_installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! "$PY" -c "import hpc_rl" 2>/dev/null; then
-  log "installing hpc_rl (editable) and its dependencies"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+    || [ hpc_rl/transport/_ring.c -nt "$stamp" ] || ! "$PY" -c "import hpc_rl.transport._ring" 2>/dev/null; then
+  log "installing hpc_rl (editable, building its C module with mpicc) and its dependencies"
   "${PIP[@]}" setuptools wheel
-  # mpi4py compiles against the MPI on PATH: Debian's Open MPI here, the site's MPI module on a cluster.
+  # mpi4py and hpc_rl's C module compile against the MPI on PATH: Debian's Open MPI here, the site's MPI module on
+  # a cluster.
   "${PIP[@]}" -e ".[dev]" "torch==$TORCH_VERSION"
   touch "$stamp"
 fi
@@ -55,7 +61,8 @@ fi
 "$PY" -c "from hpc_rl.envs.scripted import warm_up; warm_up()" || fail "the environment's kernels do not compile"
 
 # --- 5. check -----------------------------------------------------------------------------------
-"$PY" -c "import horovod.torch, mpi4py, h5py, hydra, submitit, torch, hpc_rl" || fail "a package does not import"
+"$PY" -c "import horovod.torch, mpi4py, h5py, hydra, submitit, torch, hpc_rl, hpc_rl.transport._ring" \
+  || fail "a package does not import"
 check=$("$VENV/bin/horovodrun" --check-build)
 controllers=$(echo "$check" | sed -n '/Available Controllers/,/Available Tensor/p')
 echo "$check" | grep -q "\[X\] PyTorch" || { echo "$check"; fail "Horovod was built without PyTorch"; }

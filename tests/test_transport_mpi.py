@@ -205,6 +205,29 @@ def test_ring_built_differently_on_one_rank_is_refused_on_every_rank(mpi, backen
     assert all("rank 1" in e and "drop_oldest" in e and "block" in e for e in r["errors"])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ring_refuses_bad_puts_before_they_take_a_slot(mpi, backend):
+    # Bad segments (oversized, strided, a batch with one oversized) raise ValueError and put nothing: the ring goes
+    # on with seqs 1, 2, ... and every good segment arrives. The compiled RMA writer refuses bad batches itself.
+    out = mpi(2, ["tests/mpi_programs/transport_ring_misuse.py", backend], timeout=60)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("[")]
+    assert lines, f"no JSON report in output:\n{out.stdout}\n{out.stderr}"
+    writer, owner = json.loads(lines[-1])
+    assert writer["backend"] == backend
+    for key in ("oversized", "oversized_in_batch") + (("c_oversized",) if backend == "rma" else ()):
+        assert "exceeds slot_bytes=4096" in writer[key], key
+    assert "C-contiguous" in writer["strided"]
+    assert "rank 1 owns this ring" in owner["owner_put"]
+    if backend == "rma":
+        assert "1 to 4 payloads" in writer["c_too_many"] and "1 to 4 payloads" in writer["c_checksums_mismatch"]
+        assert writer["put_after_close"] == "ValueError: transport ring: the ring is closed"
+    else:
+        assert writer["put_after_close"] is not None  # an MPI error on the freed communicator, not a hang
+    assert writer["seqs"] == [1, 2, 3, 4, 5, 6]
+    assert owner["received_in_order"] and owner["payloads_match"]
+    assert writer["left_at_close"] == owner["left_at_close"] == 0
+
+
 def test_transport_bench_reports_every_figure_measured_alike():
     # A small run of `python -m hpc_rl.bench transport`: every figure present and measured (no timing asserted).
     from argparse import Namespace

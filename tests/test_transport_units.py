@@ -8,7 +8,7 @@ import pytest
 from hpc_rl.envs.api import EntitySpec, EnvSpec
 from hpc_rl.transport import (ArrayLayout, PollConfig, RingConfig, TransportConfig, TransportTimeout, checksum,
                               step_reply_layout, step_request_layout)
-from hpc_rl.transport.layout import (align, free_for, free_run, freed, ready, state_phase, state_ticket, taken,
+from hpc_rl.transport.layout import (align, free_for, ready, state_phase, state_ticket, taken,
                                      writing)
 from hpc_rl.transport.wait import Waiter
 
@@ -94,19 +94,20 @@ def test_slot_state_words_round_trip():
     np.testing.assert_array_equal(free_for(np.arange(3, dtype=np.uint32)), [0, 4, 8])  # arrays too (the owner's)
 
 
-def test_state_runs_match_the_state_of_each_ticket_across_the_wrap():
-    """The ring's vector forms (a batch's FREE states, the owner's FREE(t + N) after READY(t) / TAKEN(t)) against
-    free_for per ticket, for batches that start anywhere, the 2^30 ticket wrap included."""
-    slots = 8
-    fours = np.arange(slots, dtype=np.uint32) << 2
-    for first in (0, 5, (1 << 30) - 3, (1 << 30) - 1, 1 << 30, 3 * (1 << 30) + 7):
-        tickets = range(first, first + slots)
-        assert free_run(first, fours).tolist() == [free_for(t) for t in tickets]
-        for phase in (ready, taken):
-            states = np.array([phase(t) for t in tickets], np.uint32)
-            out = np.zeros(slots, np.uint32)
-            assert freed(states, slots, out) is out
-            assert out.tolist() == [free_for(t + slots) for t in tickets]
+def test_compiled_ring_state_arithmetic_matches_layout_across_the_wrap():
+    """_ring.c's FREE(t) (the writer's claim) and FREE(t + N) after READY(t) / TAKEN(t) (the owner's release) against
+    layout.py per ticket, the 2^30 ticket wrap included, and the constants it copies."""
+    from hpc_rl.transport import _ring  # loads libmpi; MPI is not initialised by these pure functions
+    from hpc_rl.transport.layout import PHASE_READY, TICKET_BITS
+    from hpc_rl.transport.rma import HEADER_BYTES
+
+    assert (_ring.TICKET_BITS, _ring.PHASE_READY, _ring.HEADER_BYTES) == (TICKET_BITS, PHASE_READY, HEADER_BYTES)
+    for slots in (1, 8, 1000):
+        for first in (0, 5, (1 << 30) - 3, (1 << 30) - 1, 1 << 30, 3 * (1 << 30) + 7, (1 << 64) - 2):
+            for ticket in range(first, first + 2 * slots, max(1, slots // 4)):
+                assert _ring.free_for(ticket) == free_for(ticket)
+                for phase in (ready, taken):
+                    assert _ring.freed(phase(ticket), slots) == free_for(ticket + slots), (ticket, slots, phase)
 
 
 def test_configs_reject_bad_values_naming_the_field():

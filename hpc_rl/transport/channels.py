@@ -16,12 +16,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpc_rl.transport.layout import as_bytes
+
 _nbytes = operator.attrgetter("nbytes")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Segment:
-    """One experience segment taken out of a ring: who wrote it, its writer-local sequence number, its bytes."""
+    """One experience segment taken out of a ring: who wrote it, its writer-local sequence number, its bytes.
+
+    Not frozen: an owner builds one per segment it takes, and a frozen dataclass's ``__init__`` costs ~1.1 us
+    against ~0.2 us (measured), a fifth of the owner's time per 64 KiB segment."""
 
     writer: int
     seq: int
@@ -185,7 +190,10 @@ class ExperienceRing(ABC):
         The RMA ring amortises its protocol over the batch (one ticket ``Fetch_and_op``, one ``Flush`` for all
         payloads, one ``Accumulate`` of READY words per run of slots); this default puts them one by one.
         """
-        return [self.put(payload, timeout_s) for payload in payloads]
+        data = list(map(as_bytes, payloads))
+        if data:
+            self._check_writer(data)  # every segment is checked before the first is put: a bad batch puts nothing
+        return [self.put(payload, timeout_s) for payload in data]
 
     def poll(self, alloc: Callable[[int], np.ndarray] | None = None) -> list[Segment]:
         """owner: every segment ready now, copied out and checked; their slots are free again.

@@ -80,20 +80,6 @@ def taken(ticket: int) -> int:
     return (ticket & TICKET_MASK) << 2 | PHASE_TAKEN
 
 
-def free_run(first: int, fours: np.ndarray) -> np.ndarray:
-    """FREE(first + i) for each i, given ``fours`` = 4i (uint32): FREE(first) + 4i modulo 2^32, since a state is the
-    ticket's low 30 bits times 4 (wrap included). One vector add where per-ticket ``free_for`` calls cost ~k µs."""
-    return fours + free_for(first)
-
-
-def freed(states: np.ndarray, slots: int, out: np.ndarray) -> np.ndarray:
-    """FREE(t + slots) for each READY(t) or TAKEN(t) in ``states``, into ``out`` (uint32): (state | 3) + 4 slots - 3
-    modulo 2^32, by the same arithmetic as ``free_run``: what the owner stores when it frees a slot."""
-    np.bitwise_or(states, PHASE_TAKEN, out=out)
-    out += 4 * slots - PHASE_TAKEN
-    return out
-
-
 def state_phase(state: int) -> str:
     """"free", "writing", "ready" or "taken"."""
     return ("free", "writing", "ready", "taken")[state & 3]

@@ -9,20 +9,22 @@ call here takes a lock per message.
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 from mpi4py import MPI
 
 from hpc_rl.transport.channels import ExperienceRing, ParameterChannel, Segment, StepExchange
 from hpc_rl.transport.config import RingConfig, TransportConfig
 from hpc_rl.transport.layout import (ALIGN, PHASE_READY, STATE, STATE_BYTES, TICKET_MASK, WORD, WORD_BYTES, align,
-                                     as_bytes, checksum, free_for, free_run, freed, ready, state_phase, state_ticket,
-                                     taken, writing)
+                                     as_bytes, checksum, free_for, ready, state_phase, state_ticket, writing)
 from hpc_rl.transport.wait import TransportError, Waiter
 
+try:
+    from hpc_rl.transport import _ring
+except ImportError as error:  # the one compiled module: built by `make setup` (pip install -e . with mpicc)
+    raise ImportError("hpc_rl.transport._ring, the experience ring writer's C module, is not built: run `make "
+                      "setup`, or `pip install -e .` with mpicc (or $MPICC) on PATH") from error
+
 HEADER_BYTES = ALIGN  # every message slot: one cache line of header words, then the payload
-_BY_TICKET = operator.itemgetter(4)  # a ring header row [nbytes, writer, seq, checksum, ticket, ...]'s sort key
 
 
 class Window:
@@ -102,11 +104,6 @@ class Window:
         self.win.Compare_and_swap(self._state_origin, self._state_compare, self._state_result, rank, offset)
         self.win.Flush(rank)
         return int(self._state_result[0])
-
-    def replace_states(self, values: np.ndarray, rank: int, offset: int) -> None:
-        """Atomically store consecutive 32-bit state words (Accumulate is atomic per element, G3); completes at the
-        next ``flush(rank)``."""
-        self.win.Accumulate(values, rank, offset, op=MPI.REPLACE)
 
     def fetch_states(self, out: np.ndarray, rank: int, offset: int) -> None:
         """Atomically read consecutive 32-bit state words into ``out`` (Get_accumulate NO_OP: atomic per element,
@@ -254,7 +251,6 @@ class RmaExperienceRing(ExperienceRing):
 
     TICKET = 0
     DROPPED = WORD_BYTES
-    HEADER_WORDS = HEADER_BYTES // WORD_BYTES  # a header row: 5 words used, padded to a cache line
 
     def __init__(self, comm, config: TransportConfig, owner: int, ring: RingConfig):
         super().__init__(comm, owner, ring)
@@ -266,20 +262,16 @@ class RmaExperienceRing(ExperienceRing):
         self._payload_stride = align(ring.slot_bytes)
         self.window = Window(comm, self._payload_area + n * self._payload_stride if self.is_owner else 0,
                              init=self._first_states if self.is_owner else None)
-        self._meta = np.zeros((n, self.HEADER_WORDS), WORD)  # header rows of one batch, untouched until its Flush
-        self._meta[:, 1] = self.rank
-        self._counting = np.arange(n, dtype=WORD)  # a batch's seqs and tickets are its first ones plus these
-        self._fours = self._counting.astype(STATE) << 2  # 4i: FREE(first + i) - FREE(first), modulo 2^32
-        self._next_ticket = 0  # writer: the ticket after its last batch's
-        self._run_cache: dict[tuple[int, int], tuple] = {}
+        self._writer = None if self.is_owner else _ring.Writer(
+            self.window.win.py2f(), owner, self.rank, n, ring.slot_bytes, self.TICKET, self._states,
+            self._header_table, self._payload_area, self._payload_stride)
         self._old_meta = np.zeros(5, WORD)
         self._found = np.zeros(n, STATE)  # the states a writer reads while claiming
-        self._words = np.zeros(n, STATE)  # the origin of batched state stores (READY by writers, FREE by the owner)
         self._held: dict[int, Segment] = {}  # owner: slot -> the view lent by take_view(), until release()
         self._dropped_at_close: int | None = None  # the window is gone after close(); its last count stays
-        if self.is_owner:  # views of the owner's own window: the header table and every slot's read-only payload
+        if self.is_owner:  # its window's state words and header table, and every slot's read-only payload view
             mem = self.window.mem
-            self._headers = mem[self._header_table:self._payload_area].view(WORD).reshape(n, self.HEADER_WORDS)
+            self._reader = _ring.Owner(self.window.win.py2f(), self.rank, mem, n, self._states, self._header_table)
             self._payloads = []
             for slot in range(n):
                 view = mem[self.payload_offset(slot):self.payload_offset(slot) + ring.slot_bytes]
@@ -303,90 +295,53 @@ class RmaExperienceRing(ExperienceRing):
         """Byte offset of slot ``slot``'s payload in the owner's window."""
         return self._payload_area + slot * self._payload_stride
 
-    def _runs(self, first_ticket: int, count: int) -> tuple[tuple[int, int, int, int], ...]:
+    def _runs(self, first_ticket: int, count: int) -> list[tuple[int, int, int]]:
         """The runs of consecutive slots that tickets first_ticket .. first_ticket + count - 1 map to (one, or two
         when they wrap past the ring's last slot), each as (offset in the batch, length, byte offset of its first
-        header, byte offset of its first state word). Remembered per (first slot, count), up to 4N of them: a
-        writer's batches repeat a few."""
+        state word)."""
         first = first_ticket % self.config.slots
-        runs = self._run_cache.get((first, count))
-        if runs is None:
-            head = min(count, self.config.slots - first)
-            spans = [(0, first, head)] + ([(head, 0, count - head)] if count > head else [])
-            runs = tuple((offset, length, self.header_offset(slot), self.state_offset(slot))
-                         for offset, slot, length in spans)
-            if len(self._run_cache) < 4 * self.config.slots:
-                self._run_cache[first, count] = runs
-        return runs
+        head = min(count, self.config.slots - first)
+        spans = [(0, first, head)] + ([(head, 0, count - head)] if count > head else [])
+        return [(offset, length, self.state_offset(slot)) for offset, slot, length in spans]
 
     def put(self, payload, timeout_s=None):
-        return self.put_many([payload], timeout_s)[0]
+        data = [as_bytes(payload)]
+        self._check_writer(data)
+        self._put_batch(data, timeout_s)
+        return self.seq
 
     def put_many(self, payloads, timeout_s=None):
         data = list(map(as_bytes, payloads))
         if not data:
             return []
         self._check_writer(data)
-        n = self.config.slots
-        if len(data) <= n:
-            return self._put_batch(data, timeout_s)
-        # at most N tickets per batch: a batch never waits for itself
-        return [seq for start in range(0, len(data), n) for seq in self._put_batch(data[start:start + n], timeout_s)]
+        first_seq, n = self.seq + 1, self.config.slots
+        for start in range(0, len(data), n):  # at most N tickets per batch: a batch never waits for itself
+            self._put_batch(data[start:start + n], timeout_s)
+        return list(range(first_seq, self.seq + 1))
 
-    def _put_batch(self, data: list[np.ndarray], timeout_s: float | None) -> list[int]:
-        w, owner, k, n = self.window, self.owner, len(data), self.config.slots
-        # One Fetch_and_op hands out k consecutive tickets: the shared counter orders all puts, so under a full
-        # ring the slot ticket t maps to holds the ring's oldest segment (ticket t - N), or is free for t. The
-        # claim's first read goes out with it, for the tickets this writer would get if no other writer put since
-        # its last batch (always, with one writer): the read need not follow the fetch, since a slot found in
-        # FREE(t) stays so until the holder of ticket t fills it. One Flush completes both.
-        guess = self._next_ticket
-        result = w.start_fetch_add(k, owner, self.TICKET)
-        runs = self._runs(guess, k)
-        found = self._read_states(guess, k, runs)
-        w.flush(owner)
-        first = int(result[0])
-        self._next_ticket = first + k
-        if first != guess:
-            runs = self._runs(first, k)
-            found = self._read_states(first, k, runs)
-            w.flush(owner)
-        free = free_run(first, self._fours[:k])  # the batch's FREE(t); its READY(t) are these + PHASE_READY
-        if found.tobytes() != free.tobytes():  # else, the common case, every slot is free for its ticket
-            self._claim(first, free, timeout_s)
-        put, at, stride = w.win.Put, self._payload_area, self._payload_stride
-        for ticket, payload in enumerate(data, first):  # first: on a network the checksums overlap the transfers
-            put(payload, owner, at + ticket % n * stride)  # (a Put of 0 bytes is a valid no-op)
-        meta = self._meta[:k]  # column 1 (the writer's rank) was filled once, column 3 too without checksums
-        meta[:, 0] = list(map(len, data))
-        if self.config.checksums:
-            meta[:, 3] = list(map(checksum, data))
-        np.add(self._counting[:k], self.seq + 1, out=meta[:, 2])
-        np.add(self._counting[:k], first, out=meta[:, 4])
-        for offset, length, header_at, _ in runs:
-            put(meta[offset:offset + length], owner, header_at)
-        w.flush(owner)  # R4: every payload and header complete at the owner before any READY can be seen
-        words = np.add(free, PHASE_READY, out=self._words[:k])
-        for offset, length, _, state_at in runs:
-            w.replace_states(words[offset:offset + length], owner, state_at)
-        w.flush(owner)
-        self.seq += k
-        return list(range(self.seq - k + 1, self.seq + 1))
+    def _put_batch(self, data: list[np.ndarray], timeout_s: float | None) -> None:
+        # One Fetch_and_op hands out len(data) consecutive tickets: the shared counter orders all puts, so under a
+        # full ring the slot ticket t maps to holds the ring's oldest segment (ticket t - N), or is free for t. The
+        # MPI calls are issued from C (_ring.c, Writer.put): from Python they cost ~15 us per batch, more than a
+        # 64 KiB Put. It calls back _claim when a slot is not yet FREE for its ticket.
+        sums = list(map(checksum, data)) if self.config.checksums else None
+        self._writer.put(data, self.seq + 1, sums, self._claim, timeout_s)
+        self.seq += len(data)
 
     def _read_states(self, first: int, count: int, runs) -> np.ndarray:
         """Issue atomic reads of the state words of tickets first .. first + count - 1 (``runs``: their slots' runs);
         the returned array holds them after the next ``flush(owner)``."""
         found = self._found[:count]
-        for offset, length, _, state_at in runs:
+        for offset, length, state_at in runs:
             self.window.fetch_states(found[offset:offset + length], self.owner, state_at)
         return found
 
-    def _claim(self, first: int, free: np.ndarray, timeout_s: float | None) -> None:
-        """Wait until the slots of tickets first, first + 1, ... (FREE(t) states ``free``) are this writer's: FREE(t)
-        (only ticket t may fill it, so no CAS is needed), or under drop_oldest READY(t - N), stolen by CAS and
-        counted."""
+    def _claim(self, first: int, count: int, timeout_s: float | None) -> None:
+        """Wait until the slots of tickets first .. first + count - 1 are this writer's: FREE(t) (only ticket t may
+        fill it, so no CAS is needed), or under drop_oldest READY(t - N), stolen by CAS and counted."""
         w, owner, n = self.window, self.owner, self.config.slots
-        low, high, waiter = first, first + len(free) - 1, None
+        low, high, waiter = first, first + count - 1, None
         pending = set(range(low, high + 1))
         while True:
             found = self._read_states(low, high - low + 1, self._runs(low, high - low + 1))
@@ -429,76 +384,40 @@ class RmaExperienceRing(ExperienceRing):
 
     def take_view(self):
         self._check_owner("take_view")
-        w, slot_bytes, checksums = self.window, self.config.slot_bytes, self.config.checksums
         # Under `block` only the owner ever moves a slot out of READY (writers claim FREE ones only), so a READY
         # slot cannot change until the owner frees it: the owner takes it without touching its state word. Under
         # `drop_oldest` a writer may steal a READY slot: the owner's CAS READY(t) -> TAKEN(t) shuts writers out
         # (they wait on TAKEN as on WRITING) before it reads a byte, or fails because a writer stole it first.
-        steals = self.config.full_policy == "drop_oldest"
-        w.sync()
-        states = w.local_states(self._states, self.config.slots).tolist()
-        w.sync()  # loads of the headers and payloads below are ordered after the loads of the states
-        held = self._held
-        slots = [slot for slot, state in enumerate(states) if state & 3 == PHASE_READY and slot not in held]
-        if steals:
-            taken_now = []
-            for slot in slots:
-                state = states[slot]
-                if w.cas_state(state, taken(state >> 2), self.rank, self.state_offset(slot)) == state:
-                    taken_now.append(slot)
-                else:
-                    self.lost_races += 1  # a writer stole it between the load and the CAS; it counted the drop
-            slots = taken_now
-        if not slots:
+        # _ring.c's Owner.take loads the states, CASes and reads the header rows of what it takes, in ticket order.
+        rows, lost = self._reader.take(self.config.full_policy == "drop_oldest")
+        self.lost_races += lost  # CASes a writer's steal beat; the writer counted the drop
+        if not rows:
             return []
-        # The header rows of the slots taken, sorted by ticket: per segment the owner then only checks them and
-        # builds its view, which keeps a poll's cost per segment well under a Put's.
-        headers = self._headers
-        rows = sorted((headers[slot, :5].tolist() + [slot] for slot in slots), key=_BY_TICKET)
+        slot_bytes, checksums, payloads, held = self.config.slot_bytes, self.config.checksums, self._payloads, self._held
         found = []
-        for nbytes, writer, seq, expected_sum, ticket, slot in rows:
-            payload = self._payloads[slot][:nbytes]  # read-only: only writers write the ring
-            if ready(ticket) != states[slot] or nbytes > slot_bytes or (
-                    checksums and checksum(payload) != expected_sum):
+        for nbytes, writer, seq, expected_sum, ticket, slot, state in rows:
+            # read-only: only writers write the ring; a full slot's view is the one made at start-up
+            payload = payloads[slot] if nbytes == slot_bytes else payloads[slot][:nbytes]
+            if ready(ticket) != state or nbytes > slot_bytes or (checksums and checksum(payload) != expected_sum):
                 # The slot is useless: hand back every slot this call took before raising, so that a close()
                 # after the error neither finds them again nor leaves views held.
-                self._free_slots(slots)
+                self._reader.free([row[5] for row in rows])
                 for segment in found:
                     del held[segment.slot]
                 raise TransportError(f"transport channel 'ring': segment {seq} from rank {writer} in slot {slot} "
-                                     f"is torn (header ticket {ticket} vs state {states[slot]:#x}, or bad checksum)")
+                                     f"is torn (header ticket {ticket} vs state {state:#x}, or bad checksum)")
             segment = Segment(writer, seq, payload, expected_sum, slot)
             held[slot] = segment
             found.append(segment)
         return found
 
     def release(self, segments):
+        # FREE(t + N) into each slot's state word, one Accumulate(REPLACE) per run of slots (_ring.c, Owner.free)
         self._check_owner("release")
         slots = self._check_release(self._held, segments)
-        self._free_slots(slots)
+        self._reader.free(slots)
         for slot in slots:
             del self._held[slot]
-
-    def _free_slots(self, slots) -> None:
-        """Store FREE(t + N) into the state words of ``slots`` holding ticket t (READY(t) under block, TAKEN(t) under
-        drop_oldest: the owner's own words, read locally): one atomic Accumulate(REPLACE) per run of consecutive
-        slots, one Flush for all. Only the owner moves a slot out of READY (block) or TAKEN (drop_oldest), so a
-        store suffices where a CAS's outcome would be known."""
-        if not slots:
-            return
-        w, n, order = self.window, self.config.slots, sorted(slots)
-        w.sync()
-        states = w.local_states(self._states, n)
-        first = previous = order[0]
-        for slot in order[1:] + [None]:
-            if slot is not None and slot == previous + 1:
-                previous = slot
-                continue
-            words = freed(states[first:previous + 1], n, self._words[first:previous + 1])
-            w.replace_states(words, self.rank, self.state_offset(first))
-            if slot is not None:
-                first = previous = slot
-        w.flush(self.rank)
 
     def ready_slots(self):
         self._check_owner("ready_slots")
@@ -530,6 +449,7 @@ class RmaExperienceRing(ExperienceRing):
         if self.is_owner:
             left.extend(self.poll(alloc))
             self._dropped_at_close = self.dropped_total()
+        (self._reader if self.is_owner else self._writer).close()  # later calls raise, never reach a freed window
         self.window.free()
         return left
 

@@ -205,6 +205,7 @@ class TwoSidedExperienceRing(ExperienceRing):
             self._send(self._outbox.popleft()[1])
 
     def put(self, payload, timeout_s=None):
+        payload = as_bytes(payload)  # refused (strided) before it takes a sequence number
         self._check_writer([payload])
         block = self.config.full_policy == "block"
         if block and self._inflight is not None:
