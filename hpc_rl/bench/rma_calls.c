@@ -1,4 +1,4 @@
-/* The MPI calls of an experience-ring put, issued from C: what the protocol costs without Python.
+/* The MPI calls of an experience-ring put, issued from C with no Python and no owner: the protocol's own cost.
  *
  * Run by `python -m hpc_rl.bench transport` (it compiles this with mpicc and starts 2 ranks; see transport.py).
  * Rank 0 issues, into rank 1's window of SLOTS segments, for each segment size:
@@ -8,8 +8,9 @@
  *   batch:  the same for BATCH segments per call: one ticket, one claim read of BATCH words, BATCH payload Puts,
  *           one header Put, one READY Accumulate of BATCH words, three Flushes.
  * Nobody consumes: rank 1 waits in a barrier, the calls go to fixed words, and no state is checked. These are the
- * protocol's MPI calls alone, the floor a compiled ring would stand on. One JSON line: microseconds per segment,
- * the best of REPEATS runs of each.
+ * protocol's MPI calls alone: the floor under the ring, whose calls hpc_rl/transport/_ring.c issues with an owner
+ * taking what arrives and Python around each call. One JSON line: microseconds per segment, the best of REPEATS
+ * runs of each.
  */
 #include <mpi.h>
 #include <stdint.h>

@@ -35,7 +35,8 @@ p90). Each bandwidth is the best of ``--repeats`` runs, since the machine is sha
 
 ``compiled``: the same writer's MPI calls issued from C (``rma_calls.c``, built with ``mpicc``; nobody consumes):
 per size µs per segment of the bare Put loop, of single puts and of batches of ``BATCH``, and the puts' ratios to
-the bare loop: what the protocol costs without Python. ``{"skipped": reason}`` where no ``mpicc`` is on PATH.
+the bare loop: what the protocol's calls cost with no Python and no owner (the ring's floor). ``{"skipped":
+reason}`` where no ``mpicc`` is on PATH.
 """
 
 from __future__ import annotations

@@ -151,7 +151,8 @@ static int read_states(Writer *w, uint64_t first, int count) {
 static uint64_t take_tickets(Writer *w, int k, int *all_free, Failure *failure) {
     uint64_t guess = w->next_ticket, first;
     w->ticket_add = (uint64_t)k;
-    CHECK(failure, MPI_Fetch_and_op(&w->ticket_add, &w->ticket_old, MPI_UINT64_T, w->owner, w->ticket_at, MPI_SUM, w->win),
+    CHECK(failure,
+          MPI_Fetch_and_op(&w->ticket_add, &w->ticket_old, MPI_UINT64_T, w->owner, w->ticket_at, MPI_SUM, w->win),
           "MPI_Fetch_and_op (ticket)");
     CHECK(failure, read_states(w, guess, k), "MPI_Get_accumulate (claim read)");
     CHECK(failure, MPI_Win_flush(w->owner, w->win), "MPI_Win_flush");
@@ -173,21 +174,25 @@ static void publish(Writer *w, uint64_t first, int k, Failure *failure) {
     for (int i = 0; i < k; i++) {
         MPI_Aint at = w->payloads_at + (MPI_Aint)((first + (uint64_t)i) % (uint64_t)w->slots) * w->stride;
         w->headers[i * HEADER_WORDS + 4] = first + (uint64_t)i;
-        CHECK(failure, MPI_Put(w->views[i].buf, (int)w->views[i].len, MPI_BYTE, w->owner, at, (int)w->views[i].len, MPI_BYTE,
-                      w->win), "MPI_Put (payload)");
+        int bytes = (int)w->views[i].len;
+        CHECK(failure, MPI_Put(w->views[i].buf, bytes, MPI_BYTE, w->owner, at, bytes, MPI_BYTE, w->win),
+              "MPI_Put (payload)");
     }
     for (int r = 0; r < nruns; r++) {
         int bytes = runs[r].length * HEADER_BYTES;
-        CHECK(failure, MPI_Put(w->headers + runs[r].offset * HEADER_WORDS, bytes, MPI_BYTE, w->owner,
+        CHECK(failure,
+              MPI_Put(w->headers + runs[r].offset * HEADER_WORDS, bytes, MPI_BYTE, w->owner,
                       w->headers_at + (MPI_Aint)runs[r].slot * HEADER_BYTES, bytes, MPI_BYTE, w->win),
               "MPI_Put (headers)");
     }
     CHECK(failure, MPI_Win_flush(w->owner, w->win), "MPI_Win_flush");
     for (int i = 0; i < k; i++) w->words[i] = free_for(first + (uint64_t)i) + PHASE_READY;
     for (int r = 0; r < nruns; r++)
-        CHECK(failure, MPI_Accumulate(w->words + runs[r].offset, runs[r].length, MPI_UINT32_T, w->owner,
+        CHECK(failure,
+              MPI_Accumulate(w->words + runs[r].offset, runs[r].length, MPI_UINT32_T, w->owner,
                              w->states_at + (MPI_Aint)runs[r].slot * 4, runs[r].length, MPI_UINT32_T, MPI_REPLACE,
-                             w->win), "MPI_Accumulate (READY)");
+                             w->win),
+              "MPI_Accumulate (READY)");
     CHECK(failure, MPI_Win_flush(w->owner, w->win), "MPI_Win_flush");
 }
 
@@ -232,7 +237,8 @@ static PyObject *Writer_put(Writer *w, PyObject *const *args, Py_ssize_t nargs) 
     first = take_tickets(w, (int)k, &all_free, &failure);
     if (failure.code == MPI_SUCCESS && all_free) publish(w, first, (int)k, &failure);
     Py_END_ALLOW_THREADS
-    if (failure.code == MPI_SUCCESS && !all_free) { /* a slot still holds an earlier round's segment: rma.py waits for it (or steals it) */
+    if (failure.code == MPI_SUCCESS && !all_free) {
+        /* a slot still holds an earlier round's segment: rma.py waits for it (or steals it, drop_oldest) */
         PyObject *done = PyObject_CallFunction(claim, "KnO", (unsigned long long)first, k, timeout_s);
         if (!done) goto release;
         Py_DECREF(done);
@@ -379,7 +385,7 @@ static PyObject *Owner_take(Owner *o, PyObject *steals_arg) {
         o->taken[at] = slot;
     }
     Py_END_ALLOW_THREADS
-    /* every slot taken is lent out, even if the call fails below: rma.py gives them back through free() */
+    /* the slots taken are lent out until free(), even if the call fails below (their words may be TAKEN already) */
     for (int i = 0; i < count; i++) o->held[o->taken[i]] = 1;
     if (failure.code != MPI_SUCCESS) return mpi_error(failure);
     PyObject *rows = PyList_New(count);
@@ -425,8 +431,10 @@ static PyObject *Owner_free(Owner *o, PyObject *slots_arg) {
         }
         int end = first;
         while (end < o->slots && o->held[end] == 2) o->held[end++] = 0;
-        CHECK(&failure, MPI_Accumulate(o->words + first, end - first, MPI_UINT32_T, o->rank, o->states_at + (MPI_Aint)first * 4,
-                             end - first, MPI_UINT32_T, MPI_REPLACE, o->win), "MPI_Accumulate (FREE)");
+        CHECK(&failure,
+              MPI_Accumulate(o->words + first, end - first, MPI_UINT32_T, o->rank,
+                             o->states_at + (MPI_Aint)first * 4, end - first, MPI_UINT32_T, MPI_REPLACE, o->win),
+              "MPI_Accumulate (FREE)");
         first = end;
     }
     CHECK(&failure, MPI_Win_flush(o->rank, o->win), "MPI_Win_flush");

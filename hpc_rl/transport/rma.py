@@ -393,7 +393,8 @@ class RmaExperienceRing(ExperienceRing):
         self.lost_races += lost  # CASes a writer's steal beat; the writer counted the drop
         if not rows:
             return []
-        slot_bytes, checksums, payloads, held = self.config.slot_bytes, self.config.checksums, self._payloads, self._held
+        slot_bytes, checksums = self.config.slot_bytes, self.config.checksums
+        payloads, held = self._payloads, self._held
         found = []
         for nbytes, writer, seq, expected_sum, ticket, slot, state in rows:
             # read-only: only writers write the ring; a full slot's view is the one made at start-up
