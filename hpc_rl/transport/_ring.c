@@ -82,8 +82,9 @@ static PyObject *mpi_error(Failure failure) {
     return PyErr_Format(PyExc_RuntimeError, "transport ring: %s failed: %.*s", failure.call, length, text);
 }
 
-static int open_or_raise(const Writer *w) {
-    if (w->win == MPI_WIN_NULL) {
+/* 1, or 0 with ValueError once close() has forgotten the window */
+static int open_or_raise(MPI_Win win) {
+    if (win == MPI_WIN_NULL) {
         PyErr_SetString(PyExc_ValueError, "transport ring: the ring is closed");
         return 0;
     }
@@ -199,7 +200,7 @@ static void publish(Writer *w, uint64_t first, int k, Failure *failure) {
 static PyObject *Writer_put(Writer *w, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) return PyErr_Format(PyExc_TypeError, "put(payloads, seq, checksums, claim, timeout_s) takes 5 "
                                         "arguments");
-    if (!open_or_raise(w)) return NULL;
+    if (!open_or_raise(w->win)) return NULL;
     PyObject *payloads = args[0], *sums = args[2], *claim = args[3], *timeout_s = args[4];
     unsigned long long seq = PyLong_AsUnsignedLongLong(args[1]);
     if (seq == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
@@ -345,16 +346,8 @@ static int Owner_init(Owner *o, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-static int owner_open_or_raise(const Owner *o) {
-    if (o->win == MPI_WIN_NULL) {
-        PyErr_SetString(PyExc_ValueError, "transport ring: the ring is closed");
-        return 0;
-    }
-    return 1;
-}
-
 static PyObject *Owner_take(Owner *o, PyObject *steals_arg) {
-    if (!owner_open_or_raise(o)) return NULL;
+    if (!open_or_raise(o->win)) return NULL;
     int steals = PyObject_IsTrue(steals_arg);
     if (steals < 0) return NULL;
     Failure failure = {MPI_SUCCESS, NULL};
@@ -406,7 +399,7 @@ static PyObject *Owner_take(Owner *o, PyObject *steals_arg) {
 }
 
 static PyObject *Owner_free(Owner *o, PyObject *slots_arg) {
-    if (!owner_open_or_raise(o)) return NULL;
+    if (!open_or_raise(o->win)) return NULL;
     if (!PyList_CheckExact(slots_arg)) return PyErr_Format(PyExc_TypeError, "free takes a list of slots");
     Py_ssize_t k = PyList_GET_SIZE(slots_arg);
     if (k == 0) Py_RETURN_NONE;
