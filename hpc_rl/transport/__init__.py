@@ -24,8 +24,9 @@ machines, which MPI call guarantees what):
   only the writer holding ticket t, so claiming a slot is a read (``Get_accumulate``), and a batch of segments
   (``put_many``) costs one ticket call, one ``Flush`` of its payloads and one READY store per run of slots;
   ``Compare_and_swap`` serves ``drop_oldest`` (a writer stealing READY(t − N), the owner's take). The owner reads
-  READY slots in place (``take_view``/``release``) or copies them out (``poll``). Parameters: a double buffer
-  under a seqlock.
+  READY slots in place (``take_view``/``release``) or copies them out (``poll``). The ring's MPI calls (a
+  writer's batch, an owner's take and free) are issued from C, by ``_ring.c``. Parameters: a double buffer under
+  a seqlock.
 - Every wait polls with backoff under a deadline (``wait.py``) and raises ``TransportTimeout`` naming the peer
   rank and the channel.
 """
