@@ -21,8 +21,8 @@ from hpc_rl.transport.wait import TransportError, Waiter
 try:
     from hpc_rl.transport import _ring
 except ImportError as error:  # the one compiled module: built by `make setup` (pip install -e . with mpicc)
-    raise ImportError("hpc_rl.transport._ring, the experience ring writer's C module, is not built: run `make "
-                      "setup`, or `pip install -e .` with mpicc (or $MPICC) on PATH") from error
+    raise ImportError("hpc_rl.transport._ring, the experience ring's C module, is not built: run `make setup`, "
+                      "or `pip install -e .` with mpicc (or $MPICC) on PATH") from error
 
 HEADER_BYTES = ALIGN  # every message slot: one cache line of header words, then the payload
 
@@ -80,16 +80,11 @@ class Window:
         self.win.Flush(rank)
 
     def fetch_add(self, value: int, rank: int, offset: int) -> int:
-        self.start_fetch_add(value, rank, offset)
-        self.win.Flush(rank)
-        return int(self._result[0])
-
-    def start_fetch_add(self, value: int, rank: int, offset: int) -> np.ndarray:
-        """Issue an atomic fetch-and-add of one word; its old value is in the returned array after the next
-        ``flush(rank)``."""
+        """Atomic fetch-and-add of one word; returns its old value."""
         self._origin[0] = value
         self.win.Fetch_and_op(self._origin, self._result, rank, offset, op=MPI.SUM)
-        return self._result
+        self.win.Flush(rank)
+        return int(self._result[0])
 
     def read(self, rank: int, offset: int) -> int:
         """Atomic remote read of one word (Fetch_and_op NO_OP)."""
