@@ -21,7 +21,7 @@ from hpc_rl.algo.schedules import Schedule
 from hpc_rl.envs.api import VecEnv
 from hpc_rl.envs.moba import REWARD_EVENTS, MobaConfig
 from hpc_rl.model.config import ModelConfig
-from hpc_rl.runner import PPOConfig
+from hpc_rl.algo.config import PPOConfig
 from hpc_rl.topology import TopologyConfig
 from hpc_rl.transport.config import FULL_POLICIES, TransportConfig
 

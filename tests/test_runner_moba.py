@@ -9,7 +9,8 @@ from hpc_rl.bench.learner import moba_reward_config
 from hpc_rl.envs.moba import MobaConfig, MobaEnv
 from hpc_rl.envs.scripted import ScriptedBot
 from hpc_rl.model import ModelConfig
-from hpc_rl.runner import PPOConfig, RunnerConfig, SerialRunner
+from hpc_rl.algo.config import PPOConfig
+from hpc_rl.runner import RunnerConfig, SerialRunner
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,10 @@ from hpc_rl.algo.normalizer import NormStats
 from hpc_rl.algo.schedules import constant
 from hpc_rl.envs.gym_adapter import GymVecEnv
 from hpc_rl.model import ModelConfig, Policy
-from hpc_rl.runner import Batch, Learner, PPOConfig, RunnerConfig, SerialRunner
+from hpc_rl.algo.config import PPOConfig
+from hpc_rl.algo.learner import Learner
+from hpc_rl.data.batch import Batch
+from hpc_rl.runner import RunnerConfig, SerialRunner
 
 MODEL = ModelConfig(lstm_size=16, embed_size=16)
 PPO = PPOConfig(lr=constant(1e-3), gamma=constant(0.98), lam=0.8, epochs=2, num_minibatches=2)

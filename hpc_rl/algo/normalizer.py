@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hpc_rl.algo import Reduce, identity_reduce
+from hpc_rl.algo.reduce import Reduce, identity_reduce
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from hpc_rl.algo import Reduce, identity_reduce
+from hpc_rl.algo.reduce import Reduce, identity_reduce
 
 
 def dual_clip_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,

@@ -24,7 +24,8 @@ import numpy as np
 from hpc_rl.algo.schedules import constant
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.config import ModelConfig
-from hpc_rl.runner import PPOConfig, RunnerConfig, SerialRunner, evaluate
+from hpc_rl.algo.config import PPOConfig
+from hpc_rl.runner import evaluate, RunnerConfig, SerialRunner
 
 ENV_ID = "CartPole-v1"
 TARGET = 475.0

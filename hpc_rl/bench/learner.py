@@ -19,7 +19,9 @@ from hpc_rl.algo.bptt import to_chunks
 from hpc_rl.algo.rewards import RewardConfig
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.config import ModelConfig
-from hpc_rl.runner import Batch, PPOConfig, RunnerConfig, SerialRunner
+from hpc_rl.algo.config import PPOConfig
+from hpc_rl.data.batch import Batch
+from hpc_rl.runner import RunnerConfig, SerialRunner
 
 
 def add_arguments(parser) -> None:

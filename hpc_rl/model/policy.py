@@ -180,3 +180,13 @@ class Policy(nn.Module):
         shape = (steps, n)
         return PolicyStep({k: v.reshape(shape) for k, v in chosen.items()}, logp.reshape(shape),
                           entropy.reshape(shape), value.reshape(shape), new_state)
+
+
+@torch.no_grad()
+def act(policy: Policy, obs: dict[str, torch.Tensor], hero: torch.Tensor, starts: torch.Tensor, state: LSTMState,
+        deterministic: bool = False) -> PolicyStep:
+    """One policy step for N agents: ``obs`` etc. lead with (N,), the result's fields with (N,)."""
+    step = policy({k: v.unsqueeze(0) for k, v in obs.items()}, hero.unsqueeze(0), starts.unsqueeze(0), state,
+                  deterministic=deterministic)
+    return PolicyStep({k: v.squeeze(0) for k, v in step.actions.items()}, step.logp.squeeze(0),
+                      step.entropy.squeeze(0), step.value.squeeze(0), step.state)

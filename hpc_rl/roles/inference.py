@@ -32,7 +32,8 @@ from hpc_rl.model.policy import Policy, PolicyStep, hero_indices
 from hpc_rl.roles.common import TAG_POOL, TAG_POOL_RESULT, ControlLink, load_policy_vector, patiently, seed_for
 from hpc_rl.roles.env_worker import reply_layout, request_layout
 from hpc_rl.roles.segments import SegmentShape, pack_segment
-from hpc_rl.runner import SegmentBuffer, act
+from hpc_rl.data.batch import SegmentBuffer
+from hpc_rl.model.policy import act
 from hpc_rl.storage import load_checkpoint
 from hpc_rl.storage.checkpoint import checkpoint_name
 from hpc_rl.topology import local_rank

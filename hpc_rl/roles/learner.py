@@ -30,7 +30,8 @@ from hpc_rl.roles.allreduce import make_allreduce
 from hpc_rl.roles.common import (TAG_CHECKPOINT, TAG_DONE, TAG_HALT, TAG_METRICS, TAG_STOP, Backoff, ControlLink,
                                  policy_vector)
 from hpc_rl.roles.segments import SegmentError, SegmentShape, concat, unpack_segment, validate
-from hpc_rl.runner import Batch, Learner
+from hpc_rl.algo.learner import Learner
+from hpc_rl.data.batch import Batch
 from hpc_rl.topology import local_rank
 from hpc_rl.transport import ExperienceRing, ParameterChannel
 

@@ -1,6 +1,6 @@
 """Segments on the wire: one inference rank's ``Batch`` for the agents of one env rank, as one ring payload.
 
-A segment holds ``segment_len`` steps of every agent of one env rank (time-major, as ``hpc_rl.runner.Batch``):
+A segment holds ``segment_len`` steps of every agent of one env rank (time-major, as ``hpc_rl.data.batch.Batch``):
 observations, actions, behaviour log-probability and value, shaped rewards, dones, the training weight (0 for steps
 not to train on: scripted or past-version opponents), the behaviour policy version per step, the LSTM state at every
 BPTT chunk start, the bootstrap value, and the accounting ids (env rank, that env rank's segment number).
@@ -17,7 +17,7 @@ import torch
 
 from hpc_rl.envs.api import EnvSpec
 from hpc_rl.model.policy import HEADS
-from hpc_rl.runner import Batch
+from hpc_rl.data.batch import Batch
 from hpc_rl.transport.layout import ArrayLayout
 
 

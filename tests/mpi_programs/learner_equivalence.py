@@ -18,7 +18,10 @@ from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.policy import Policy
 from hpc_rl.roles.allreduce import make_allreduce
-from hpc_rl.runner import Batch, Learner, PPOConfig, RunnerConfig, SerialRunner
+from hpc_rl.algo.config import PPOConfig
+from hpc_rl.algo.learner import Learner
+from hpc_rl.data.batch import Batch
+from hpc_rl.runner import RunnerConfig, SerialRunner
 
 set_torch_threads()
 comm = MPI.COMM_WORLD

@@ -16,7 +16,9 @@ from hpc_rl.envs.gym_adapter import GymVecEnv
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.roles.allreduce import MpiAllreduce
-from hpc_rl.runner import Learner, PPOConfig, RunnerConfig, SerialRunner
+from hpc_rl.algo.config import PPOConfig
+from hpc_rl.algo.learner import Learner
+from hpc_rl.runner import RunnerConfig, SerialRunner
 
 set_torch_threads()
 comm = MPI.COMM_WORLD

@@ -1,0 +1,41 @@
+"""The learner's hyperparameters, importable without torch (a sweep is composed on a login node)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hpc_rl.algo.schedules import Schedule, constant
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """The learner's hyperparameters; schedules are functions of the policy version."""
+
+    lr: Schedule = field(default_factory=lambda: constant(3e-4))  # Adam learning rate
+    entropy_coef: Schedule = field(default_factory=lambda: constant(0.0))  # weight of the entropy bonus
+    gamma: Schedule = field(default_factory=lambda: constant(0.99))  # discount
+    team_spirit: Schedule = field(default_factory=lambda: constant(0.0))  # τ: share of the team's mean reward
+    lam: float = 0.95  # GAE λ
+    clip_eps: float = 0.2  # PPO ratio clip ε
+    dual_clip: float | None = 3.0  # Honor of Kings' lower bound c for negative advantages; None: plain PPO
+    value_coef: float = 0.5  # weight of the value loss
+    value_clip: float | None = None  # PPO2's value clip around the behaviour value; None: unclipped
+    epochs: int = 4  # passes over each batch
+    num_minibatches: int = 4  # minibatches per pass, split along BPTT chunks
+    normalize_advantages: bool = True  # z-score advantages over the whole batch (of every learner)
+    clip_k: float = 5.0  # OpenAI Five's per-parameter clip to ±k√v
+    clip_beta: float = 0.999  # decay of the clip's running second moment v
+    max_grad_norm: float | None = None  # an optional global-norm clip after the per-parameter one
+    adam_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"lam must lie in [0, 1], got {self.lam}")
+        if self.epochs < 1 or self.num_minibatches < 1:
+            raise ValueError(f"epochs ({self.epochs}) and num_minibatches ({self.num_minibatches}) must be >= 1")
+        if self.value_coef < 0:
+            raise ValueError(f"value_coef must be >= 0, got {self.value_coef}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+        if self.clip_k <= 0:
+            raise ValueError(f"clip_k must be > 0, got {self.clip_k}")

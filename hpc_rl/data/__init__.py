@@ -1,0 +1,1 @@
+"""Experience as it travels: the batch schema, segments of steps, and their wire format."""
