@@ -3,10 +3,11 @@
     runner = SerialRunner(env, RunnerConfig(...), PPOConfig(...), ModelConfig(...))
     while runner.env_steps < total: batch = runner.collect(); metrics = runner.learner.update(batch)
 
-It is built from the pieces the distributed roles reuse: ``act`` (one policy step for a batch of agents, as an
-inference rank runs it), ``SegmentBuffer`` (segments of ``segment_len`` steps with the LSTM state at every BPTT
-chunk start, as an inference rank assembles them) and ``Learner`` (``update(batch) -> metrics``, as a learner rank
-runs it, with seams for the allreduce of gradients and of statistics).
+It is built from the pieces the distributed roles use: ``act`` (one policy step for a batch of agents, as an
+inference rank runs it, ``hpc_rl.model.policy``), ``SegmentBuffer`` (segments of ``segment_len`` steps with the LSTM
+state at every BPTT chunk start, as an inference rank assembles them, ``hpc_rl.data.batch``) and ``Learner``
+(``update(batch) -> metrics``, as a learner rank runs it, with seams for the allreduce of gradients and of
+statistics, ``hpc_rl.algo.learner``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from hpc_rl.algo.config import PPOConfig
 from hpc_rl.algo.learner import Learner
 from hpc_rl.algo.rewards import RewardConfig, shape_rewards
-from hpc_rl.data.batch import Batch, SegmentBuffer
+from hpc_rl.data.batch import Batch, SegmentSchema, policy_step_fields
 from hpc_rl.envs.api import Actions, Obs, VecEnv
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.device import select_device, to_device
@@ -94,7 +95,8 @@ class SerialRunner:
         if alternate_sides:
             self.controlled[1::2] = ~controlled
         self.weight = self.controlled.reshape(-1).astype(np.float32)
-        self.buffer = SegmentBuffer(spec, self.num_agents, config.segment_len, model.chunk_len, model.lstm_size)
+        self.buffer = SegmentSchema(spec, self.num_agents, config.segment_len, model.chunk_len,
+                                    model.lstm_size).buffer()
         self.obs = env.reset(config.seed)
         self.starts = np.ones(self.num_agents, dtype=bool)
         self.state = self.policy.initial_state(self.num_agents, self.device)
@@ -127,8 +129,11 @@ class SerialRunner:
             game_time = infos.get("game_time", self.game_steps * self.config.step_seconds)
             reward = shape_rewards(events, self.spec.agent_team, self.reward, tau, game_time).reshape(-1)
             done = np.repeat(dones, agents)
-            self.buffer.store(t, flat, self.hero, self.starts, step, reward, done, self.weight,
-                              self.learner.version)
+            self.buffer.store(t, {**{f"obs/{k}": v for k, v in flat.items()}, "hero": self.hero,
+                                  "starts": self.starts, **policy_step_fields(step), "reward": reward, "done": done,
+                                  "weight": self.weight, "version": self.learner.version,
+                                  **{f"info/{i.name}": infos[i.name].reshape(self.num_agents, *i.shape)
+                                     for i in self.spec.step_infos}})
             self._record_episodes(events, dones, infos)
             self.game_steps[dones] = 0
             self.obs, self.starts = obs, done

@@ -10,7 +10,8 @@ import pytest
 
 from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
 from hpc_rl.envs.moba import MobaConfig
-from hpc_rl.roles.env_worker import EnvWorker, reply_layout, request_layout
+from hpc_rl.roles.env_worker import EnvWorker
+from hpc_rl.roles.protocol import reply_layout, request_layout
 
 ROUNDS = 6
 

@@ -50,8 +50,7 @@ def test_chunks_from_stored_states_recompute_the_behaviour_policy_exactly():
     assert torch.equal(batch.starts[1:], batch.done[:-1])
     # Zeroing the stored states changes the replay where no reset happened before the chunk's first steps.
     with torch.no_grad():
-        zero = Batch(**{**batch.__dict__, "chunk_h": torch.zeros_like(batch.chunk_h),
-                        "chunk_c": torch.zeros_like(batch.chunk_c)})
+        zero = batch.replace(chunk_h=torch.zeros_like(batch.chunk_h), chunk_c=torch.zeros_like(batch.chunk_c))
         assert not torch.allclose(replay(runner.policy, zero)[1], batch.value, atol=1e-5)
 
 
@@ -96,15 +95,7 @@ class ThreadAllreduce:
 
 def split(batch: Batch, half: int) -> Batch:
     cols = slice(0, 4) if half == 0 else slice(4, 8)
-    fields = {}
-    for key, value in batch.__dict__.items():
-        if isinstance(value, dict):
-            fields[key] = {k: v[:, cols] for k, v in value.items()}
-        elif key == "bootstrap_value":
-            fields[key] = value[cols]
-        else:
-            fields[key] = value[:, cols]
-    return Batch(**fields)
+    return Batch({k: v[cols] if k == "bootstrap_value" else v[:, cols] for k, v in batch.fields.items()})
 
 
 def test_two_lockstep_learners_stay_identical_and_share_statistics():

@@ -6,7 +6,7 @@ import torch
 
 from hpc_rl.envs.moba import MobaConfig, MobaEnv
 from hpc_rl.model.config import ModelConfig
-from hpc_rl.roles.segments import SegmentError, SegmentShape, concat, pack_segment, unpack_segment, validate
+from hpc_rl.data.batch import SegmentError, SegmentSchema, validate
 from hpc_rl.runner import RunnerConfig, SerialRunner
 
 MODEL = ModelConfig(lstm_size=16, embed_size=8)
@@ -21,22 +21,25 @@ def real_batch():
 
 @pytest.mark.parametrize("fp16", [False, True])
 def test_round_trip(real_batch, fp16):
-    shape = SegmentShape(MobaConfig().spec(), 4, 32, MODEL.chunk_len, MODEL.lstm_size, fp16)
-    layout = shape.layout()
-    payload = pack_segment(layout, real_batch, env_rank=3, seq=17)
-    batch, env_rank, seq = unpack_segment(layout, payload)
+    schema = SegmentSchema(MobaConfig().spec(), 4, 32, MODEL.chunk_len, MODEL.lstm_size, fp16)
+    payload = schema.pack(real_batch, env_rank=3, seq=17)
+    batch, env_rank, seq = schema.unpack(payload)
     assert (env_rank, seq) == (3, 17)
     assert torch.equal(batch.actions["target"], real_batch.actions["target"])
     assert torch.equal(batch.logp, real_batch.logp) and torch.equal(batch.chunk_h, real_batch.chunk_h)
     tol = 1e-2 if fp16 else 0.0
     for key, value in real_batch.obs.items():
         assert torch.allclose(batch.obs[key].float(), value.float(), atol=tol, rtol=tol), key
-    validate(batch, shape.spec, max_version=0)
-    assert concat([batch, batch]).hero.shape == (32, 8)
+    validate(batch, schema, max_version=0)
+    joined = schema.concat([batch, batch])
+    assert joined.hero.shape == (32, 8) and joined.chunk_h.shape == (32 // MODEL.chunk_len, 8, MODEL.lstm_size)
+    assert joined.bootstrap_value.shape == (8,)
+    assert torch.equal(joined.bootstrap_value[4:], real_batch.bootstrap_value)
 
 
 def _damaged(batch, what):
-    b = unpack_segment(*_packed(batch))[0]
+    schema, payload = _packed(batch)
+    b = schema.unpack(payload)[0]
     if what == "nan":
         b.value[3, 1] = float("nan")
     elif what == "illegal_action":
@@ -54,8 +57,8 @@ def _damaged(batch, what):
 
 
 def _packed(batch):
-    layout = SegmentShape(MobaConfig().spec(), 4, 32, MODEL.chunk_len, MODEL.lstm_size).layout()
-    return layout, pack_segment(layout, batch, 0, 1)
+    schema = SegmentSchema(MobaConfig().spec(), 4, 32, MODEL.chunk_len, MODEL.lstm_size)
+    return schema, schema.pack(batch, 0, 1)
 
 
 @pytest.mark.parametrize("what, message", [("nan", "non-finite"), ("illegal_action", "illegal"),
@@ -63,11 +66,11 @@ def _packed(batch):
                                            ("weight", "weights outside")])
 def test_malformed_segments_are_refused(real_batch, what, message):
     with pytest.raises(SegmentError, match=message):
-        validate(_damaged(real_batch, what), MobaConfig().spec(), max_version=0)
+        validate(_damaged(real_batch, what), _packed(real_batch)[0], max_version=0)
 
 
 def test_short_payload_is_refused(real_batch):
-    layout, payload = _packed(real_batch)
+    schema, payload = _packed(real_batch)
     with pytest.raises(SegmentError, match="bytes"):
-        unpack_segment(layout, payload[: layout.nbytes // 2])
+        schema.unpack(payload[: schema.layout.nbytes // 2])
     assert np.asarray(payload).dtype == np.uint8

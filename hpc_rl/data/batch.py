@@ -1,8 +1,29 @@
-"""A batch of trajectory segments, time-major, and the buffer an inference rank fills one step at a time."""
+"""The experience schema, declared once, and everything derived from it.
+
+A batch holds trajectory segments of T steps for B agents, time-major. ``batch_fields`` is the one declaration of
+its fields; each has an axis kind that fixes its leading dimensions:
+
+=========  ==========================  ===========================================================================
+kind       leading dimensions          fields
+=========  ==========================  ===========================================================================
+``STEP``   (T, B)                      ``obs/<key>``, ``hero``, ``starts``, ``actions/<head>``, ``logp``,
+                                       ``value``, ``reward``, ``weight``, ``done``, ``version``, ``info/<name>``
+``CHUNK``  (T / chunk_len, B)          ``chunk_h``, ``chunk_c``: the LSTM state before every BPTT chunk's first step
+``AGENT``  (B,)                        ``bootstrap_value``: the value of the observation after the last step
+=========  ==========================  ===========================================================================
+
+From it come the buffer an inference rank (or the serial runner) fills one step at a time (``SegmentBuffer``), a
+segment's wire layout and its packing (``SegmentSchema.layout``, ``pack``, ``unpack``), the join of segments into a
+learner's batch (``SegmentSchema.concat``) and the finite-number checks of ``validate``. An environment that declares
+``EnvSpec.step_infos`` gets each as a STEP field ``info/<name>``: it travels from the env rank to the learner with no
+other edit.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -10,73 +31,206 @@ import torch
 from hpc_rl.algo.bptt import LSTMState
 from hpc_rl.envs.api import EnvSpec
 from hpc_rl.model.policy import HEADS, PolicyStep
+from hpc_rl.transport.layout import ArrayLayout
+
+STEP, CHUNK, AGENT = "step", "chunk", "agent"
+WIRE_IDS = "ids"  # the wire's accounting field: (env rank, that env rank's segment number)
 
 
-@dataclass
+class SegmentError(ValueError):
+    """A segment that must not be trained on."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named array of a batch: per-agent trailing ``shape`` behind the leading dimensions of its ``kind``."""
+
+    name: str
+    kind: str  # STEP, CHUNK or AGENT
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def lead(self, segment_len: int, num_agents: int, chunk_len: int) -> tuple[int, ...]:
+        return {STEP: (segment_len, num_agents), CHUNK: (segment_len // chunk_len, num_agents),
+                AGENT: (num_agents,)}[self.kind]
+
+    @property
+    def agent_axis(self) -> int:
+        """The axis segments are joined along."""
+        return 0 if self.kind == AGENT else 1
+
+
+def batch_fields(spec: EnvSpec, lstm_size: int) -> tuple[Field, ...]:
+    """Every field of a batch, in wire order."""
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    fields = [Field(f"obs/{key}", STEP, shape[2:], np.dtype(dtype))
+              for key, (shape, dtype) in spec.observation_shapes(1).items()]
+    fields += [Field("hero", STEP, (), i64), Field("starts", STEP, (), np.dtype(bool))]
+    fields += [Field(f"actions/{head}", STEP, (), i64) for head in HEADS]
+    fields += [Field(name, STEP, (), f32) for name in ("logp", "value", "reward", "weight")]
+    fields += [Field("done", STEP, (), np.dtype(bool)), Field("version", STEP, (), i64)]
+    fields += [Field(f"info/{info.name}", STEP, info.shape, np.dtype(info.dtype)) for info in spec.step_infos]
+    fields += [Field("chunk_h", CHUNK, (lstm_size,), f32), Field("chunk_c", CHUNK, (lstm_size,), f32),
+               Field("bootstrap_value", AGENT, (), f32)]
+    return tuple(fields)
+
+
 class Batch:
-    """Segments of T steps for B agents, time-major; what an inference rank ships to a learner."""
+    """Named tensors of one batch (``batch_fields``): ``batch.reward``, ``batch["info/x"]``, and the groups
+    ``batch.obs`` and ``batch.actions`` keyed without their prefix."""
 
-    obs: dict[str, torch.Tensor]  # (T, B, ...) per observation key
-    hero: torch.Tensor  # (T, B) hero index
-    starts: torch.Tensor  # (T, B) bool: the step is the first of a game (reset the LSTM state before it)
-    actions: dict[str, torch.Tensor]  # (T, B) per head
-    logp: torch.Tensor  # (T, B) behaviour log-probability of the whole action
-    value: torch.Tensor  # (T, B) behaviour value
-    reward: torch.Tensor  # (T, B) shaped reward
-    done: torch.Tensor  # (T, B) bool: the step ended the game
-    weight: torch.Tensor  # (T, B) 1 for steps to train on, 0 for others (opponents' steps)
-    version: torch.Tensor  # (T, B) behaviour policy version
-    chunk_h: torch.Tensor  # (T / chunk_len, B, H) LSTM state before the first step of every chunk
-    chunk_c: torch.Tensor
-    bootstrap_value: torch.Tensor  # (B,) value of the observation after the last step
+    def __init__(self, fields: dict[str, torch.Tensor]):
+        self.fields = fields
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        # Reached only for names that are not attributes; vars() rather than self.fields, which an object being
+        # unpickled does not have yet.
+        try:
+            return vars(self)["fields"][name]
+        except KeyError:
+            raise AttributeError(f"the batch has no field {name!r}") from None
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.fields[name]
+
+    def group(self, prefix: str) -> dict[str, torch.Tensor]:
+        """The fields ``<prefix>/<key>`` keyed by ``key``."""
+        cut = len(prefix) + 1
+        return {k[cut:]: v for k, v in self.fields.items() if k.startswith(prefix + "/")}
+
+    @property
+    def obs(self) -> dict[str, torch.Tensor]:
+        return self.group("obs")
+
+    @property
+    def actions(self) -> dict[str, torch.Tensor]:
+        return self.group("actions")
+
+    def replace(self, **changes: torch.Tensor) -> Batch:
+        unknown = set(changes) - set(self.fields)
+        if unknown:
+            raise KeyError(f"the batch has no fields {sorted(unknown)}")
+        return Batch({**self.fields, **changes})
 
     @property
     def num_samples(self) -> int:
-        return int(self.weight.sum())
+        return int(self.fields["weight"].sum())
+
+
+def policy_step_fields(step: PolicyStep) -> dict[str, np.ndarray]:
+    """What the policy computed for one step, as the STEP fields it fills."""
+    out = {f"actions/{head}": step.actions[head].cpu().numpy() for head in HEADS}
+    out["logp"] = step.logp.cpu().numpy()
+    out["value"] = step.value.cpu().numpy()
+    return out
+
+
+@dataclass(frozen=True)
+class SegmentSchema:
+    """The fields and sizes of one segment: ``segment_len`` steps of ``num_agents`` agents (one env rank's copies ×
+    agents per copy); on the wire, float32 observations may travel as float16."""
+
+    spec: EnvSpec
+    num_agents: int
+    segment_len: int
+    chunk_len: int
+    lstm_size: int
+    fp16_observations: bool = False
+
+    def __post_init__(self) -> None:
+        if self.segment_len % self.chunk_len:
+            raise ValueError(f"segment_len {self.segment_len} is not a multiple of the BPTT chunk length "
+                             f"{self.chunk_len}")
+
+    @cached_property
+    def fields(self) -> tuple[Field, ...]:
+        return batch_fields(self.spec, self.lstm_size)
+
+    def shape(self, field: Field) -> tuple[int, ...]:
+        return field.lead(self.segment_len, self.num_agents, self.chunk_len) + field.shape
+
+    @cached_property
+    def layout(self) -> ArrayLayout:
+        """The wire layout: every field, then the accounting ids."""
+        arrays = {f.name: (self.shape(f), f.dtype) for f in self.fields}
+        arrays[WIRE_IDS] = ((2,), np.dtype(np.int64))
+        half = [f.name for f in self.fields
+                if self.fp16_observations and f.name.startswith("obs/") and f.dtype == np.float32]
+        return ArrayLayout(arrays, half=half)
+
+    def buffer(self) -> SegmentBuffer:
+        return SegmentBuffer(self)
+
+    def pack(self, batch: Batch, env_rank: int, seq: int, out: np.ndarray | None = None) -> np.ndarray:
+        arrays = {name: value.numpy() for name, value in batch.fields.items()}
+        arrays[WIRE_IDS] = np.array([env_rank, seq], dtype=np.int64)
+        return self.layout.pack(arrays, out)
+
+    def unpack(self, payload: np.ndarray) -> tuple[Batch, int, int]:
+        """``(batch, env_rank, seq)``; the batch owns its memory (the payload may be reused)."""
+        if payload.size < self.layout.nbytes:
+            raise SegmentError(f"segment of {payload.size} bytes, the layout needs {self.layout.nbytes}")
+        arrays = self.layout.unpack(payload)
+        env_rank, seq = (int(x) for x in arrays.pop(WIRE_IDS))
+        return Batch({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}), env_rank, seq
+
+    def concat(self, batches: Sequence[Batch]) -> Batch:
+        """Join segments along the agent axis into one learner batch."""
+        if not batches:
+            raise ValueError("no segments to join")
+        return Batch({f.name: torch.cat([b.fields[f.name] for b in batches], dim=f.agent_axis)
+                      for f in self.fields})
 
 
 class SegmentBuffer:
-    """Fills one segment of ``segment_len`` steps for N agents, then hands it out as a ``Batch``."""
+    """Fills one segment step by step, then hands it out as a ``Batch``.
 
-    def __init__(self, spec: EnvSpec, num_agents: int, segment_len: int, chunk_len: int, lstm_size: int):
-        if segment_len % chunk_len:
-            raise ValueError(f"segment_len {segment_len} is not a multiple of the BPTT chunk length {chunk_len}")
-        self.segment_len, self.chunk_len = segment_len, chunk_len
-        lead = (segment_len, num_agents)
-        self.obs = {key: np.zeros(lead + shape[2:], dtype=dtype)
-                    for key, (shape, dtype) in spec.observation_shapes(1).items()}
-        self.hero = np.zeros(lead, dtype=np.int64)
-        self.starts = np.zeros(lead, dtype=bool)
-        self.actions = {head: np.zeros(lead, dtype=np.int64) for head in HEADS}
-        self.logp = np.zeros(lead, dtype=np.float32)
-        self.value = np.zeros(lead, dtype=np.float32)
-        self.reward = np.zeros(lead, dtype=np.float32)
-        self.done = np.zeros(lead, dtype=bool)
-        self.weight = np.zeros(lead, dtype=np.float32)
-        self.version = np.zeros(lead, dtype=np.int64)
-        self.chunk_h = torch.zeros(segment_len // chunk_len, num_agents, lstm_size)
-        self.chunk_c = torch.zeros_like(self.chunk_h)
+    ``store(t, values)`` takes every STEP field of step ``t`` (a missing or unknown one raises: a stale value must
+    never be trained on); ``store_state`` the LSTM state before a chunk's first step."""
+
+    def __init__(self, schema: SegmentSchema):
+        self.schema = schema
+        self.arrays = {f.name: np.zeros(schema.shape(f), f.dtype) for f in schema.fields}
+        self.step_names = frozenset(f.name for f in schema.fields if f.kind == STEP)
 
     def store_state(self, t: int, state: LSTMState) -> None:
         """Record the LSTM state before step ``t`` if ``t`` starts a chunk."""
-        if t % self.chunk_len == 0:
-            self.chunk_h[t // self.chunk_len] = state[0].cpu()
-            self.chunk_c[t // self.chunk_len] = state[1].cpu()
+        chunk_len = self.schema.chunk_len
+        if t % chunk_len == 0:
+            self.arrays["chunk_h"][t // chunk_len] = state[0].cpu().numpy()
+            self.arrays["chunk_c"][t // chunk_len] = state[1].cpu().numpy()
 
-    def store(self, t: int, obs: dict[str, np.ndarray], hero: np.ndarray, starts: np.ndarray, step: PolicyStep,
-              reward: np.ndarray, done: np.ndarray, weight: np.ndarray, version: int) -> None:
-        for key, value in obs.items():
-            self.obs[key][t] = value
-        self.hero[t], self.starts[t] = hero, starts
-        for head in HEADS:
-            self.actions[head][t] = step.actions[head].cpu().numpy()
-        self.logp[t] = step.logp.cpu().numpy()
-        self.value[t] = step.value.cpu().numpy()
-        self.reward[t], self.done[t], self.weight[t], self.version[t] = reward, done, weight, version
+    def store(self, t: int, values: Mapping[str, np.ndarray]) -> None:
+        if values.keys() != self.step_names:
+            missing, unknown = self.step_names - values.keys(), values.keys() - self.step_names
+            raise KeyError(f"step {t}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
+        for name, value in values.items():
+            self.arrays[name][t] = value
 
     def batch(self, bootstrap_value: torch.Tensor) -> Batch:
-        t = torch.from_numpy
-        return Batch({k: t(v.copy()) for k, v in self.obs.items()}, t(self.hero.copy()), t(self.starts.copy()),
-                     {k: t(v.copy()) for k, v in self.actions.items()}, t(self.logp.copy()), t(self.value.copy()),
-                     t(self.reward.copy()), t(self.done.copy()), t(self.weight.copy()), t(self.version.copy()),
-                     self.chunk_h.clone(), self.chunk_c.clone(), bootstrap_value.cpu().float())
+        self.arrays["bootstrap_value"][:] = bootstrap_value.cpu().numpy()
+        return Batch({name: torch.from_numpy(a.copy()) for name, a in self.arrays.items()})
+
+
+def validate(batch: Batch, schema: SegmentSchema, max_version: int) -> None:
+    """Raise SegmentError if the segment cannot be trained on: non-finite numbers in any float field, actions out of
+    range or illegal under the stored masks, weights outside [0, 1], a behaviour version from the future, or
+    behaviour log-probabilities above 0."""
+    for f in schema.fields:
+        value = batch.fields[f.name]
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise SegmentError(f"non-finite values in {f.name}")
+    spec = schema.spec
+    if ((batch.weight < 0) | (batch.weight > 1)).any():
+        raise SegmentError("training weights outside [0, 1]")
+    trained = batch.weight > 0
+    action = batch.actions["action"]
+    if ((action < 0) | (action >= spec.num_actions)).any():
+        raise SegmentError("primary action out of range")
+    legal = torch.gather(batch.obs["action_mask"], -1, action.clamp(0, spec.num_actions - 1).unsqueeze(-1)).squeeze(-1)
+    if (trained & ~legal).any():
+        raise SegmentError("an action illegal under its action mask")
+    if (batch.version[trained] > max_version).any():
+        raise SegmentError(f"behaviour version beyond the learner's {max_version}")
+    if trained.any() and not (batch.logp[trained] <= 1e-4).all():
+        raise SegmentError("behaviour log-probabilities above 0")

@@ -28,7 +28,9 @@ key                               shape, dtype                       meaning
 ``step`` returns ``reward_events`` (E, A, len(spec.reward_events)) float32, the per-agent game events of that step
 (the learner weights and shapes them), ``dones`` (E,) bool, and ``infos``, a dict of arrays of shape (E,) (at least
 ``winner``: team index, -1 for a draw, meaningful where ``dones``). A copy that ends is reset in the same call: the
-observation returned for it is the first of its next game.
+observation returned for it is the first of its next game. An environment may declare per-agent quantities of every
+step in ``spec.step_infos`` (``infos[name]`` of shape (E, A, *shape)): they travel with the experience to the learner
+as the batch field ``info/<name>`` (``hpc_rl.data.batch``).
 
 Actions are decoupled heads, each an int64 array (E, A): ``action`` (primary), ``move`` (move offset) and ``target``
 (unit slot). ``spec.action_uses_move[a]`` / ``spec.action_uses_target[a]`` say which heads a primary action reads, so a
@@ -58,6 +60,16 @@ class EntitySpec:
 
 
 @dataclass(frozen=True)
+class StepInfo:
+    """A per-agent quantity the environment reports in ``infos[name]`` at every step, (E, A, *shape) of ``dtype``,
+    carried to the learner beside the step's reward (the batch field ``info/<name>``)."""
+
+    name: str
+    shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
 class EnvSpec:
     """Static description of a vectorised environment: what ``reset``/``step`` return and accept."""
 
@@ -71,6 +83,7 @@ class EnvSpec:
     action_uses_target: tuple[bool, ...] = ()
     reward_events: tuple[str, ...] = ("reward",)
     learning_agents: tuple[AgentId, ...] = field(default=())  # agents a learner controls; empty = all
+    step_infos: tuple[StepInfo, ...] = ()  # per-agent infos that travel with the experience
 
     def __post_init__(self) -> None:
         if len(self.agent_team) != self.num_agents:

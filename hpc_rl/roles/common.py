@@ -1,4 +1,4 @@
-"""What every role shares: control messages to and from the controller, heartbeats, parameter vectors, logging.
+"""What every role shares: the control link to the controller, heartbeats, waiting, seeding, logging.
 
 Control messages are small pickled objects on a communicator of their own (a ``Dup`` of the world), never on the
 transport's: the data path stays byte buffers, the control path stays readable.
@@ -15,26 +15,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import torch
 from mpi4py import MPI
 
+from hpc_rl.roles.protocol import CONTROLLER, TAG_HEARTBEAT
 from hpc_rl.transport.config import PollConfig
 from hpc_rl.transport.wait import TransportTimeout, Waiter
-
-CONTROLLER = 0
-
-# Control message tags.
-TAG_HEARTBEAT = 11  # any rank -> controller: {"stats": {...}} (throughput counters ride along)
-TAG_METRICS = 12  # learner 0 -> controller: one published version's metrics
-TAG_CHECKPOINT = 13  # learner 0 -> controller: (version, sections) to commit
-TAG_STOP = 14  # controller -> learner 0: stop at this version; controller -> env ranks: stop now
-TAG_DONE = 15  # learner 0 -> controller: the learners stopped at this version
-TAG_ACCOUNTING = 16  # every inference and learner rank -> controller at the end: segment ids produced/consumed
-TAG_POOL = 17  # controller -> inference ranks: the opponent pool {"versions": [...], "qualities": [...]}
-TAG_POOL_RESULT = 18  # inference rank -> controller: [(past version, score of the learning side), ...]
-TAG_EVALUATION = 19  # evaluator rank -> controller: one version's games against the reference agents
-TAG_HALT = 20  # learner 0 -> controller: the learners halted on non-finite losses (the message says why)
 
 
 def seed_for(seed: int, rank: int, version: int) -> int:
@@ -102,23 +87,6 @@ def patiently(call, link: "ControlLink", timeout_s: float):
             if time.monotonic() >= deadline:
                 raise
             link.beat()
-
-
-def policy_vector(module: torch.nn.Module) -> np.ndarray:
-    """Parameters and buffers (the observation normaliser) as one float32 vector, in state_dict order."""
-    return torch.cat([t.detach().reshape(-1).float().cpu() for t in module.state_dict().values()]).numpy()
-
-
-def load_policy_vector(module: torch.nn.Module, vector: np.ndarray) -> None:
-    state = module.state_dict()
-    total = sum(t.numel() for t in state.values())
-    if vector.size != total:
-        raise ValueError(f"parameter vector of {vector.size} values, the policy has {total}")
-    offset = 0
-    for t in state.values():
-        n = t.numel()
-        t.copy_(torch.from_numpy(vector[offset:offset + n]).reshape(t.shape).to(t.dtype))
-        offset += n
 
 
 def setup_logging(run_dir: Path, rank: int, role: str) -> logging.Logger:

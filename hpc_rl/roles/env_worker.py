@@ -23,26 +23,9 @@ import time
 import numpy as np
 
 from hpc_rl.config import TrainConfig
-from hpc_rl.envs.api import EnvSpec
-from hpc_rl.roles.common import TAG_STOP, ControlLink, patiently, seed_for
-from hpc_rl.transport import ArrayLayout, StepExchange, step_reply_layout
-
-
-def request_layout(spec: EnvSpec, num_envs: int, fp16: bool) -> ArrayLayout:
-    """env -> inference: observations, the previous step's reward events, dones, winners and game time, and a stop
-    flag (the env's last message)."""
-    fields = dict(spec.observation_shapes(num_envs))
-    fields["events"] = ((num_envs, spec.num_agents, len(spec.reward_events)), np.float32)
-    fields["done"] = ((num_envs,), bool)
-    fields["winner"] = ((num_envs,), np.int64)
-    fields["game_time"] = ((num_envs,), np.float32)
-    fields["stop"] = ((1,), bool)
-    half = [k for k, (_, dt) in spec.observation_shapes(num_envs).items() if np.dtype(dt) == np.float32]
-    return ArrayLayout(fields, half=half if fp16 else ())
-
-
-def reply_layout(spec: EnvSpec, num_envs: int) -> ArrayLayout:
-    return step_reply_layout(num_envs, spec.num_agents)
+from hpc_rl.roles.common import ControlLink, patiently, seed_for
+from hpc_rl.roles.protocol import TAG_STOP, reply_layout, request_layout
+from hpc_rl.transport import StepExchange
 
 
 class EnvWorker:
@@ -80,6 +63,8 @@ class EnvWorker:
         self.events = np.zeros((n, self.spec.num_agents, len(self.spec.reward_events)), np.float32)
         self.done = np.zeros(n, bool)
         self.winner = np.full(n, -1, np.int64)
+        self.infos = {f"info/{i.name}": np.zeros((n, self.spec.num_agents) + i.shape, i.dtype)
+                      for i in self.spec.step_infos}
         self.game_steps = np.zeros(n)
         self.started = time.monotonic()
         offset = self.config.pipeline.async_actions
@@ -88,7 +73,7 @@ class EnvWorker:
             stop = self.link.receive(TAG_STOP) is not None
             message = {**self.obs, "events": self.events, "done": self.done, "winner": self.winner,
                        "game_time": (self.game_steps * self.config.env.step_seconds).astype(np.float32),
-                       "stop": np.array([stop])}
+                       **self.infos, "stop": np.array([stop])}
             self.exchange.send_request(self.requests.pack(message, self.buffer))
             if stop:
                 return
@@ -111,6 +96,10 @@ class EnvWorker:
         self.game_steps += 1
         self.game_steps[self.done] = 0
         self.winner = np.asarray(infos["winner"], np.int64)
+        for info in self.spec.step_infos:
+            if info.name not in infos:
+                raise KeyError(f"{self.config.env.name}: spec.step_infos declares {info.name!r}, step() did not report it")
+            self.infos[f"info/{info.name}"] = infos[info.name]
         self._count(self.done, self.winner)
         if "episode_return" in infos and self.done.any():
             self.returns_sum += float(np.asarray(infos["episode_return"])[self.done].sum())

@@ -86,7 +86,7 @@ class Evaluator:
 
     def run(self) -> None:
         """Under MPI: rate new versions until the controller says stop, then the run's final version if it asks."""
-        from hpc_rl.roles.common import TAG_EVALUATION, TAG_STOP
+        from hpc_rl.roles.protocol import TAG_EVALUATION, TAG_STOP
 
         stop = None
 

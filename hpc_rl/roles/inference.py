@@ -25,15 +25,13 @@ import torch
 
 from hpc_rl.algo.rewards import shape_rewards
 from hpc_rl.config import TrainConfig
+from hpc_rl.data.batch import SegmentSchema, policy_step_fields
 from hpc_rl.evaluation import policy_from_checkpoint
 from hpc_rl.league.pool import LATEST, OpponentPool
 from hpc_rl.model.device import select_device, to_device
-from hpc_rl.model.policy import Policy, PolicyStep, hero_indices
-from hpc_rl.roles.common import TAG_POOL, TAG_POOL_RESULT, ControlLink, load_policy_vector, patiently, seed_for
-from hpc_rl.roles.env_worker import reply_layout, request_layout
-from hpc_rl.roles.segments import SegmentShape, pack_segment
-from hpc_rl.data.batch import SegmentBuffer
-from hpc_rl.model.policy import act
+from hpc_rl.model.policy import Policy, PolicyStep, act, hero_indices
+from hpc_rl.roles.common import ControlLink, patiently, seed_for
+from hpc_rl.roles.protocol import TAG_POOL, TAG_POOL_RESULT, decode_parameters, reply_layout, request_layout
 from hpc_rl.storage import load_checkpoint
 from hpc_rl.storage.checkpoint import checkpoint_name
 from hpc_rl.topology import local_rank
@@ -88,12 +86,10 @@ class InferenceWorker:
         self.requests = request_layout(self.spec, n, fp16)
         self.replies = reply_layout(self.spec, n)
         self.reply_buffer = np.empty(self.replies.nbytes, np.uint8)
-        self.shape = SegmentShape(self.spec, self.per_env, config.pipeline.segment_len, config.model.chunk_len,
-                                  config.model.lstm_size, fp16)
-        self.segment_layout = self.shape.layout()
-        self.segment_buffer = np.empty(self.segment_layout.nbytes, np.uint8)
-        self.buffers = {e: SegmentBuffer(self.spec, self.per_env, config.pipeline.segment_len, config.model.chunk_len,
-                                         config.model.lstm_size) for e in env_ranks}
+        self.schema = SegmentSchema(self.spec, self.per_env, config.pipeline.segment_len, config.model.chunk_len,
+                                    config.model.lstm_size, fp16)
+        self.segment_buffer = np.empty(self.schema.layout.nbytes, np.uint8)
+        self.buffers = {e: self.schema.buffer() for e in env_ranks}
         self.state = {e: self.policy.initial_state(self.per_env, self.device) for e in env_ranks}
         self.t = {e: 0 for e in env_ranks}
         self.pending: dict[int, _Pending | None] = {e: None for e in env_ranks}
@@ -142,8 +138,7 @@ class InferenceWorker:
         if got is None:
             return
         _, payload = got
-        version = int(payload[:8].view(np.int64)[0])
-        load_policy_vector(self.policy, payload[8:].view(np.float32))
+        version = decode_parameters(payload, self.policy)
         if self.rng is None:  # seeded from (seed, rank, version) like env ranks, so a resumed run draws afresh
             self.rng = np.random.default_rng(seed_for(self.config.seed, self.exchange.rank, version))
         self.version = version
@@ -263,8 +258,11 @@ class InferenceWorker:
                                message["game_time"]).reshape(-1)
         done = np.repeat(message["done"], self.spec.num_agents)
         t = self.t[e]
-        self.buffers[e].store(t, pending.obs, self.hero, pending.starts, pending.step, reward, done, pending.weight,
-                              pending.version)
+        self.buffers[e].store(t, {**{f"obs/{k}": v for k, v in pending.obs.items()}, "hero": self.hero,
+                                  "starts": pending.starts, **policy_step_fields(pending.step), "reward": reward,
+                                  "done": done, "weight": pending.weight, "version": pending.version,
+                                  **{k: v.reshape(self.per_env, *v.shape[2:]) for k, v in message.items()
+                                     if k.startswith("info/")}})
         self.t[e] = t + 1
         if self.t[e] == self.config.pipeline.segment_len:
             self._ship(e, now.value)
@@ -273,7 +271,7 @@ class InferenceWorker:
     def _ship(self, e: int, bootstrap_value: torch.Tensor) -> None:
         batch = self.buffers[e].batch(bootstrap_value)
         self.segments_sent[e] += 1
-        payload = pack_segment(self.segment_layout, batch, e, self.segments_sent[e], self.segment_buffer)
+        payload = self.schema.pack(batch, e, self.segments_sent[e], self.segment_buffer)
         # Round-robin over learners, so every learner's buffer fills at the same rate.
         ring = self.rings[self.next_ring]
         patiently(lambda timeout: ring.put(payload, timeout), self.link, self.config.transport.timeout_s)

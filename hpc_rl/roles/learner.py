@@ -17,21 +17,20 @@ import logging
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
+from hpc_rl.algo.learner import Learner
 from hpc_rl.config import TrainConfig
+from hpc_rl.data.batch import Batch, SegmentError, SegmentSchema, validate
 from hpc_rl.model.device import select_device
 from hpc_rl.model.policy import Policy
 from hpc_rl.roles.allreduce import make_allreduce
-from hpc_rl.roles.common import (TAG_CHECKPOINT, TAG_DONE, TAG_HALT, TAG_METRICS, TAG_STOP, Backoff, ControlLink,
-                                 policy_vector)
-from hpc_rl.roles.segments import SegmentError, SegmentShape, concat, unpack_segment, validate
-from hpc_rl.algo.learner import Learner
-from hpc_rl.data.batch import Batch
+from hpc_rl.roles.common import Backoff, ControlLink
+from hpc_rl.roles.protocol import TAG_CHECKPOINT, TAG_DONE, TAG_HALT, TAG_METRICS, TAG_STOP, encode_parameters
 from hpc_rl.topology import local_rank
 from hpc_rl.transport import ExperienceRing, ParameterChannel
 
@@ -65,9 +64,9 @@ class LearnerWorker:
             self.load(resume[1])
         # Learners start from learner 0's parameters (constant buffers such as the action-gating masks agree already).
         self.allreduce.broadcast_([t for t in self.policy.state_dict().values() if t.is_floating_point()])
-        self.shape = SegmentShape(self.spec, config.env.num_envs * self.spec.num_agents, config.pipeline.segment_len,
-                                  config.model.chunk_len, config.model.lstm_size, config.transport.fp16_observations)
-        self.layout = self.shape.layout()
+        self.schema = SegmentSchema(self.spec, config.env.num_envs * self.spec.num_agents,
+                                    config.pipeline.segment_len, config.model.chunk_len, config.model.lstm_size,
+                                    config.transport.fp16_observations)
         self.held: deque[_Held] = deque()
         self.produced = 0.0  # samples received by this learner
         self.consumed = 0.0  # samples used by gradient steps (every PPO epoch counts)
@@ -88,11 +87,7 @@ class LearnerWorker:
 
     # --- the loop ---------------------------------------------------------------------------------------
     def publish(self) -> None:
-        vector = policy_vector(self.policy)
-        payload = np.empty(8 + vector.nbytes, np.uint8)
-        payload[:8].view(np.int64)[0] = self.learner.version
-        payload[8:].view(np.float32)[:] = vector
-        self.params.publish(payload)
+        self.params.publish(encode_parameters(self.learner.version, self.policy))
 
     def _take_segments(self) -> None:
         self.ring_ready += self.ring.ready_slots()  # ring occupancy, sampled at every poll
@@ -103,8 +98,8 @@ class LearnerWorker:
         try:
             for seg in views:
                 try:
-                    batch, env_rank, seq = unpack_segment(self.layout, seg.payload)
-                    validate(batch, self.spec, self.learner.version)
+                    batch, env_rank, seq = self.schema.unpack(seg.payload)
+                    validate(batch, self.schema, self.learner.version)
                 except SegmentError as err:
                     self.rejected += 1
                     log.warning("segment from rank %d seq %d rejected: %s", seg.writer, seg.seq, err)
@@ -179,7 +174,7 @@ class LearnerWorker:
 
     def _update(self, chosen: list[_Held], epochs: int, produced: float, consumed_after: float, rejected: float,
                 started: float) -> None:
-        batch = concat([h.batch for h in chosen])
+        batch = self.schema.concat([h.batch for h in chosen])
         for h in chosen:
             h.uses += 1
             self.consumed_ids.append(h.ids)
@@ -190,7 +185,7 @@ class LearnerWorker:
         self.consumed += float(batch.weight.sum()) * epochs
         fault = self.config.pipeline.fault_nonfinite_from_version
         if fault and self.learner.version + 1 >= fault:  # fault injection (tests, drills): NaN flows into the loss
-            batch = replace(batch, reward=torch.full_like(batch.reward, float("nan")))
+            batch = batch.replace(reward=torch.full_like(batch.reward, float("nan")))
         metrics = self.learner.update(batch)
         skipped = metrics.get("train/nonfinite_skipped", 0.0)
         # Every learner skips the same steps (the non-finite test is allreduced), so every learner counts the same.

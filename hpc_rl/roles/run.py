@@ -20,21 +20,17 @@ from pathlib import Path
 from mpi4py import MPI
 
 from hpc_rl.config import TrainConfig, to_yaml
+from hpc_rl.data.batch import SegmentSchema
 from hpc_rl.launch import set_torch_threads
-from hpc_rl.roles.common import CONTROLLER, TAG_ACCOUNTING, Backoff, ControlLink, StopFlag, setup_logging
+from hpc_rl.model.policy import Policy
+from hpc_rl.roles.common import Backoff, ControlLink, StopFlag, setup_logging
 from hpc_rl.roles.controller import Controller
-from hpc_rl.roles.env_worker import EnvWorker, reply_layout, request_layout
-from hpc_rl.roles.segments import SegmentShape
+from hpc_rl.roles.env_worker import EnvWorker
+from hpc_rl.roles.protocol import (CONTROLLER, TAG_ACCOUNTING, TAG_RESUME, parameter_bytes, reply_layout,
+                                   request_layout)
 from hpc_rl.storage import load_latest, write_meta
 from hpc_rl.topology import Role, Topology
 from hpc_rl.transport import RingConfig, Transport
-
-
-def _parameter_bytes(config: TrainConfig) -> int:
-    from hpc_rl.model.policy import Policy
-
-    policy = Policy(config.env.make(num_envs=1).spec, config.model)
-    return 8 + 4 * sum(t.numel() for t in policy.state_dict().values())
 
 
 def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[str, ...] = ()) -> int | None:
@@ -85,8 +81,8 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     learner_ranks = topology.ranks(Role.LEARNER)
     if rank == CONTROLLER and resume is not None:
         for r in learner_ranks:
-            control.send(resume.sections, dest=r, tag=1)
-    learner_state = control.recv(source=CONTROLLER, tag=1) if resume_version >= 0 and rank in learner_ranks else None
+            control.send(resume.sections, dest=r, tag=TAG_RESUME)
+    learner_state = control.recv(source=CONTROLLER, tag=TAG_RESUME) if resume_version >= 0 and rank in learner_ranks else None
 
     transport = Transport(comm, config.transport)
     spec = config.env.make(num_envs=1).spec
@@ -94,12 +90,12 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     fp16 = config.transport.fp16_observations
     env_ranks = topology.ranks(Role.ENV)
     clients = {e: topology.inference_for_env(i) for i, e in enumerate(env_ranks)}
-    segment_bytes = SegmentShape(spec, n * spec.num_agents, config.pipeline.segment_len, config.model.chunk_len,
-                                 config.model.lstm_size, fp16).layout().nbytes
+    segment_bytes = SegmentSchema(spec, n * spec.num_agents, config.pipeline.segment_len, config.model.chunk_len,
+                                  config.model.lstm_size, fp16).layout.nbytes
     ring_config = RingConfig(slots=config.pipeline.ring_slots, slot_bytes=segment_bytes,
                              full_policy=config.pipeline.full_policy)
     rings = [transport.experience_ring(owner=r, ring=ring_config) for r in learner_ranks]
-    params = transport.parameter_channel(publisher=learner_ranks[0], max_bytes=_parameter_bytes(config))
+    params = transport.parameter_channel(publisher=learner_ranks[0], max_bytes=parameter_bytes(Policy(spec, config.model)))
     steps = transport.step_exchange(clients, request_layout(spec, n, fp16).nbytes, reply_layout(spec, n).nbytes)
     learner_comm = comm.Split(color=1 if placement.role is Role.LEARNER else MPI.UNDEFINED, key=rank)
     link = ControlLink(control, config.pipeline.heartbeat_s)

@@ -41,15 +41,11 @@ batch = comm.bcast(batch, root=0)
 
 def float64(b: Batch) -> Batch:
     f = lambda t: t.double() if t.is_floating_point() else t  # noqa: E731
-    return Batch({k: f(v) for k, v in b.obs.items()}, b.hero, b.starts, b.actions, f(b.logp), f(b.value),
-                 f(b.reward), b.done, f(b.weight), b.version, f(b.chunk_h), f(b.chunk_c), f(b.bootstrap_value))
+    return Batch({k: f(v) for k, v in b.fields.items()})
 
 
 def columns(b: Batch, cols: slice) -> Batch:
-    return Batch({k: v[:, cols] for k, v in b.obs.items()}, b.hero[:, cols], b.starts[:, cols],
-                 {k: v[:, cols] for k, v in b.actions.items()}, b.logp[:, cols], b.value[:, cols],
-                 b.reward[:, cols], b.done[:, cols], b.weight[:, cols], b.version[:, cols], b.chunk_h[:, cols],
-                 b.chunk_c[:, cols], b.bootstrap_value[cols])
+    return Batch({k: v[cols] if k == "bootstrap_value" else v[:, cols] for k, v in b.fields.items()})
 
 
 torch.set_default_dtype(torch.float64)
