@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from hpc_rl.envs.api import EntitySpec, EnvSpec
-from hpc_rl.model import ModelConfig, Policy, select_device, to_device
+from hpc_rl.model.config import ModelConfig
+from hpc_rl.model.device import select_device, to_device
+from hpc_rl.model.policy import Policy
 from hpc_rl.model.heads import masked_entropy, masked_log_softmax
 from hpc_rl.model.policy import hero_indices
 

@@ -8,7 +8,7 @@ from hpc_rl.algo.bptt import from_chunks, to_chunks
 from hpc_rl.bench.learner import moba_reward_config
 from hpc_rl.envs.moba import MobaConfig, MobaEnv
 from hpc_rl.envs.scripted import ScriptedBot
-from hpc_rl.model import ModelConfig
+from hpc_rl.model.config import ModelConfig
 from hpc_rl.algo.config import PPOConfig
 from hpc_rl.runner import RunnerConfig, SerialRunner
 

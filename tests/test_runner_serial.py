@@ -11,7 +11,8 @@ from hpc_rl.algo.bptt import from_chunks, to_chunks
 from hpc_rl.algo.normalizer import NormStats
 from hpc_rl.algo.schedules import constant
 from hpc_rl.envs.gym_adapter import GymVecEnv
-from hpc_rl.model import ModelConfig, Policy
+from hpc_rl.model.config import ModelConfig
+from hpc_rl.model.policy import Policy
 from hpc_rl.algo.config import PPOConfig
 from hpc_rl.algo.learner import Learner
 from hpc_rl.data.batch import Batch

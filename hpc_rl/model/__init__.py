@@ -1,7 +1,5 @@
-"""Policy networks: one family for every environment spec (entity encoders, LSTM core, decoupled masked heads)."""
+"""Policy networks: one family for every environment spec (entity encoders, LSTM core, decoupled masked heads).
 
-from hpc_rl.model.config import ModelConfig
-from hpc_rl.model.device import select_device, to_device
-from hpc_rl.model.policy import Policy, PolicyStep
-
-__all__ = ["ModelConfig", "Policy", "PolicyStep", "select_device", "to_device"]
+``config`` (``ModelConfig``) imports no torch, so a run's configuration composes without the training stack;
+``policy`` holds the network and ``act``, ``device`` the placement, ``tree`` the state conversions for storage.
+"""
