@@ -21,8 +21,8 @@ from hpc_rl.config import TrainConfig, build_config
 from hpc_rl.model.device import to_device
 from hpc_rl.model.policy import HEADS, Policy, hero_indices
 from hpc_rl.model.policy import act
+from hpc_rl.envs.api import VecEnv
 from hpc_rl.model.tree import to_torch_tree
-from hpc_rl.runner import evaluate
 from hpc_rl.storage import Checkpoint, open_run
 
 Player = Policy | str  # a policy, or the name of a reference bot ("random", "scripted")
@@ -43,6 +43,31 @@ def load_policy(run_dir: str | Path, version: int | None = None) -> tuple[Policy
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint")
     return policy_from_checkpoint(ckpt, config), config, ckpt.version
+
+
+@torch.no_grad()
+def evaluate(policy: Policy, env: VecEnv, seed: int, deterministic: bool = True) -> np.ndarray:
+    """Play one game in every copy of ``env`` (its num_envs games) and return each learning agent's return."""
+    spec = env.spec
+    n = env.num_envs * spec.num_agents
+    device = next(policy.parameters()).device
+    hero = torch.from_numpy(np.tile(hero_indices(spec), env.num_envs)).to(device)
+    obs = env.reset(seed)
+    starts = torch.ones(n, dtype=torch.bool, device=device)
+    state = policy.initial_state(n, device)
+    returns = np.zeros((env.num_envs, spec.num_agents))
+    finished = np.zeros(env.num_envs, dtype=bool)
+    while not finished.all():
+        flat = {k: v.reshape(n, *v.shape[2:]) for k, v in obs.items()}
+        step = act(policy, to_device(flat, device), hero, starts, state, deterministic)
+        state = step.state
+        actions = {k: v.cpu().numpy().reshape(env.num_envs, spec.num_agents) for k, v in step.actions.items()}
+        obs, events, dones, _ = env.step(actions)
+        returns[~finished] += events.sum(axis=2)[~finished]
+        finished |= dones
+        starts = torch.from_numpy(np.repeat(dones, spec.num_agents)).to(device)
+    learning = list(spec.learning_agents or range(spec.num_agents))
+    return returns[:, learning].ravel()
 
 
 def evaluate_return(policy: Policy, config: TrainConfig, episodes: int, seed: int) -> np.ndarray:

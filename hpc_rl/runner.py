@@ -1,206 +1,193 @@
-"""The serial runner: a vectorised environment, the policy and the PPO learner in one process.
+"""The serial runner: the distributed job's roles wired together in one process, over the local transport.
 
-    runner = SerialRunner(env, RunnerConfig(...), PPOConfig(...), ModelConfig(...))
-    while runner.env_steps < total: batch = runner.collect(); metrics = runner.learner.update(batch)
+    runner = SerialRunner(config)              # the TrainConfig jobs/train.py takes; its run directory is the same
+    runner.run()                               # until pipeline.max_versions, or until on_update returns True
+    batch = runner.collect(); runner.update(batch)   # or one segment and one update at a time
 
-It is built from the pieces the distributed roles use: ``act`` (one policy step for a batch of agents, as an
-inference rank runs it, ``hpc_rl.model.policy``), ``SegmentBuffer`` (segments of ``segment_len`` steps with the LSTM
-state at every BPTT chunk start, as an inference rank assembles them, ``hpc_rl.data.batch``) and ``Learner``
-(``update(batch) -> metrics``, as a learner rank runs it, with seams for the allreduce of gradients and of
-statistics, ``hpc_rl.algo.learner``).
+It is not a second implementation: the env worker, the inference worker, the learner and the controller are the
+classes the MPI job's ranks run (``hpc_rl.roles``), on the channels of ``TransportConfig(backend="local")`` and the
+in-process control path, with the topology of a one-env, one-inference, one-learner job (rank 0 controller, 1 env,
+2 inference, 3 learner). One thread steps them in turn, so a run is repeatable:
+
+    env.send()          the step's request: observation, and the previous step's reward events and dones
+    inference.serve()   newer parameters if published; act; reply; every segment_len steps a segment into the ring
+    env.receive()       step the environments with the reply
+    learner.step()      an update when a batch is there and the reuse throttle allows it; publish
+    controller.step()   metrics.h5, checkpoints, the stop
+
+As in the MPI job, the action of the step that ends a segment comes from the version before the update that
+segment feeds (the inference worker acts and ships in one pass); every step records its behaviour version.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
-import torch
-
-from hpc_rl.algo.config import PPOConfig
-from hpc_rl.algo.learner import Learner
-from hpc_rl.algo.rewards import RewardConfig, shape_rewards
-from hpc_rl.data.batch import Batch, SegmentSchema, policy_step_fields
-from hpc_rl.envs.api import Actions, Obs, VecEnv
-from hpc_rl.model.config import ModelConfig
-from hpc_rl.model.device import select_device, to_device
-from hpc_rl.model.policy import Policy, act, hero_indices
+from hpc_rl.config import TrainConfig
+from hpc_rl.data.batch import Batch, SegmentSchema
+from hpc_rl.envs.api import VecEnv
+from hpc_rl.model.policy import Policy
+from hpc_rl.roles.allreduce import SingleAllreduce
+from hpc_rl.roles.control import ControlLink, LocalControlHub
+from hpc_rl.roles.controller import Controller, open_run_dir
+from hpc_rl.roles.env_worker import EnvWorker
+from hpc_rl.roles.inference import InferenceWorker
+from hpc_rl.roles.learner import LearnerWorker
+from hpc_rl.roles.protocol import (CONTROLLER, TAG_ACCOUNTING, TAG_STOP, parameter_bytes, reply_layout,
+                                   request_layout)
+from hpc_rl.storage import write_meta
+from hpc_rl.topology import Role, Topology, TopologyConfig
+from hpc_rl.transport import RingConfig, Transport
+from hpc_rl.transport.local import LocalWorld
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    """How the serial runner collects experience."""
-
-    num_envs: int = 8  # environment copies stepped together
-    segment_len: int = 64  # steps per segment (a multiple of the BPTT chunk length)
-    seed: int = 0  # seeds torch, the environments (seed + copy) and sampling
-    step_seconds: float = 1 / 7.5  # game seconds per step (Honor of Kings acts every 133 ms), for the reward's
-    # game-time decay when the env's infos lack ``game_time``
-    log_every: int = 10  # updates between progress lines (0: none)
-    device: str = "auto"  # "auto": CUDA if available, else CPU
-
-    def __post_init__(self) -> None:
-        if self.num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
-        if self.segment_len < 1:
-            raise ValueError(f"segment_len must be >= 1, got {self.segment_len}")
-        if self.step_seconds <= 0:
-            raise ValueError(f"step_seconds must be > 0, got {self.step_seconds}")
+TOPOLOGY = TopologyConfig(env=1, inference=1, learner=1, evaluator=0)
+ENV, INFERENCE, LEARNER = (Topology(TOPOLOGY).ranks(role)[0] for role in (Role.ENV, Role.INFERENCE, Role.LEARNER))
 
 
 class SerialRunner:
-    """Collects segments from ``env`` with the current policy and trains on each as it fills."""
+    def __init__(self, config: TrainConfig, env: VecEnv | None = None, overrides: tuple[str, ...] = ()):
+        """``env`` replaces the environment ``config.env`` would make (its ``num_envs`` copies); ``overrides`` go to
+        the runs directory's index as in the MPI job. An existing run directory is resumed from its latest good
+        checkpoint."""
+        config = dataclasses.replace(config, topology=TOPOLOGY,
+                                     transport=dataclasses.replace(config.transport, backend="local"))
+        self.config = config
+        topology = Topology(TOPOLOGY)
+        run_dir = Path(config.runs_dir) / config.run_name
+        resume = open_run_dir(config, overrides)
+        resume_version = resume.version if resume is not None else -1
+        spec = (env if env is not None else config.env.make(num_envs=1)).spec
 
-    def __init__(self, env: VecEnv, config: RunnerConfig | None = None, ppo: PPOConfig | None = None,
-                 model: ModelConfig | None = None, reward: RewardConfig | None = None,
-                 opponent: Callable[[Obs], Actions] | None = None, learning_agents: tuple[int, ...] | None = None,
-                 alternate_sides: bool = False):
-        """``opponent`` (e.g. a scripted bot's ``act``) plays every agent outside ``learning_agents`` (default:
-        ``spec.learning_agents``, or all); without it the policy plays every agent (self-play) and is trained on the
-        learning agents' steps only. ``alternate_sides`` (two teams, with an opponent) swaps the sides in odd copies,
-        so that the policy learns to play both (the map is not symmetric in absolute coordinates)."""
-        config = config or RunnerConfig(num_envs=env.num_envs)
-        ppo = ppo or PPOConfig()
-        model = model or ModelConfig()
-        if env.num_envs != config.num_envs:
-            raise ValueError(f"env has {env.num_envs} copies, config.num_envs is {config.num_envs}")
-        spec = env.spec
-        self.env, self.config, self.spec = env, config, spec
-        self.reward = reward or RewardConfig(weights=(1.0,) * len(spec.reward_events),
-                                             decayed=(False,) * len(spec.reward_events))
-        if len(self.reward.weights) != len(spec.reward_events):
-            raise ValueError(f"reward weights has {len(self.reward.weights)} entries for events {spec.reward_events}")
-        torch.manual_seed(config.seed)
-        self.device = select_device(config.device)
-        self.policy = Policy(spec, model).to(self.device)
-        self.learner = Learner(self.policy, ppo, device=self.device, seed=config.seed)
-        agents = spec.num_agents
-        self.num_agents = config.num_envs * agents
-        self.hero = np.tile(hero_indices(spec), config.num_envs)
-        learning = learning_agents if learning_agents is not None else (spec.learning_agents or tuple(range(agents)))
-        if not learning or not set(learning) <= set(range(agents)):
-            raise ValueError(f"learning_agents {learning} must be a non-empty subset of 0..{agents - 1}")
-        self.learning_agents = tuple(learning)
-        self.opponent = opponent
-        if alternate_sides and (opponent is None or spec.num_teams != 2):
-            raise ValueError("alternate_sides needs an opponent and a two-team environment")
-        controlled = np.isin(np.arange(agents), learning)
-        self.controlled = np.tile(controlled, (config.num_envs, 1))  # (E, A): the agents this policy plays
-        if alternate_sides:
-            self.controlled[1::2] = ~controlled
-        self.weight = self.controlled.reshape(-1).astype(np.float32)
-        self.buffer = SegmentSchema(spec, self.num_agents, config.segment_len, model.chunk_len,
-                                    model.lstm_size).buffer()
-        self.obs = env.reset(config.seed)
-        self.starts = np.ones(self.num_agents, dtype=bool)
-        self.state = self.policy.initial_state(self.num_agents, self.device)
-        self.game_steps = np.zeros(config.num_envs)
-        self.env_steps = 0
-        self.episode_returns: deque[float] = deque(maxlen=100)
-        self.episode_returns_sum = np.zeros(self.num_agents)
-        self.wins: deque[float] = deque(maxlen=100)
+        world, hub = LocalWorld(TOPOLOGY.world_size), LocalControlHub(TOPOLOGY.world_size)
+        n, fp16 = config.env.num_envs, config.transport.fp16_observations
+        self.schema = SegmentSchema(spec, n * spec.num_agents, config.pipeline.segment_len, config.model.chunk_len,
+                                    config.model.lstm_size, fp16)
+        ring_config = RingConfig(slots=config.pipeline.ring_slots, slot_bytes=self.schema.layout.nbytes,
+                                 full_policy=config.pipeline.full_policy)
+        param_bytes = parameter_bytes(Policy(spec, config.model))
+        channels = []
+        for rank in range(TOPOLOGY.world_size):  # created in the same order by every rank, as collectives are
+            transport = Transport(world.comm(rank), config.transport)
+            channels.append((transport.step_exchange({ENV: INFERENCE}, request_layout(spec, n, fp16).nbytes,
+                                                     reply_layout(spec, n).nbytes),
+                             transport.experience_ring(owner=LEARNER, ring=ring_config),
+                             transport.parameter_channel(publisher=LEARNER, max_bytes=param_bytes)))
+        self.channels = channels
+        self.transport_meta = transport.meta()
+        # In one process a heartbeat is a deque append: every role reports at every step, so the controller's
+        # figures (env steps, games, win rates) are those of the version they are written at.
+        link = lambda rank: ControlLink(hub.endpoint(rank), heartbeat_s=0.0)  # noqa: E731
+        self.control = hub.endpoint(CONTROLLER)
 
-    def _flat(self, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: v.reshape(self.num_agents, *v.shape[2:]) for k, v in obs.items()}
+        write_meta(run_dir, world_size=TOPOLOGY.world_size, roles=topology.role_map(), transport=self.transport_meta,
+                   config_hash=config.config_hash(), resumed_from=resume_version)
+        self.controller = Controller(config, topology, self.control, run_dir, resume_version, stop_flag=None)
+        self.learner_worker = LearnerWorker(config, spec, SingleAllreduce(), channels[LEARNER][1],
+                                            channels[LEARNER][2], link(LEARNER),
+                                            (resume.version, resume.sections) if resume is not None else None)
+        self.inference = InferenceWorker(config, spec, [ENV], channels[INFERENCE][0], [channels[INFERENCE][1]],
+                                         channels[INFERENCE][2], link(INFERENCE))
+        self.env_worker = EnvWorker(config, ENV, 0, channels[ENV][0], link(ENV), max(resume_version, 0), env=env)
+        self.controller.start()
+        self.learner_worker.start()
+        self.inference.start()
+        self.env_worker.start()
+        self.closed = False
+
+    # --- what callers read ------------------------------------------------------------------------------
+    @property
+    def learner(self):
+        """The PPO learner (``hpc_rl.algo.learner.Learner``) of the learner role."""
+        return self.learner_worker.learner
+
+    @property
+    def policy(self) -> Policy:
+        """The learner's policy (the inference worker plays the latest version published from it)."""
+        return self.learner_worker.policy
+
+    @property
+    def spec(self):
+        return self.learner_worker.spec
+
+    @property
+    def env_steps(self) -> int:
+        return self.env_worker.steps
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The latest version's metrics, as the controller wrote them to metrics.h5."""
+        return self.controller.last_metrics
+
+    # --- driving ----------------------------------------------------------------------------------------
+    def _play_step(self) -> bool:
+        """One env step through the inference worker; False once the env worker has been told to stop."""
+        if not self.env_worker.send():
+            self.inference.serve(self.channels[INFERENCE][0].poll_requests())  # the stop request
+            return False
+        self.inference.serve(self.channels[INFERENCE][0].poll_requests())
+        self.env_worker.receive()
+        return True
+
+    def run(self, on_update: Callable[[SerialRunner, dict[str, float]], bool] | None = None) -> dict[str, float]:
+        """Play and train until the learners' last version (``pipeline.max_versions``), or until ``on_update``
+        (called with the metrics of every version the controller writes) returns True; then shut down as the MPI
+        job does. Returns the last version's metrics."""
+        seen = self.controller.version
+        final_sent = stop_sent = False
+        playing = True
+        while playing:
+            playing = self._play_step()
+            if self.learner_worker.done:
+                self.learner_worker.drain()  # what arrives until the env worker stops is accounted as left
+                if not final_sent:
+                    self.learner_worker.final_checkpoint()
+                    final_sent = True
+            else:
+                self.learner_worker.step()
+            self.controller.step()
+            if self.controller.version != seen:
+                seen = self.controller.version
+                if on_update is not None and not stop_sent and on_update(self, self.metrics):
+                    self.control.send(seen, LEARNER, TAG_STOP)  # what the controller sends on a signal
+                    stop_sent = True
+        self.close()
+        return self.metrics
 
     def collect(self) -> Batch:
-        """Play one segment of ``segment_len`` steps in every copy; returns it as a batch."""
-        agents = self.spec.num_agents
-        hero = torch.from_numpy(self.hero).to(self.device)
-        tau = self.learner.config.team_spirit(self.learner.version)
-        for t in range(self.config.segment_len):
-            self.buffer.store_state(t, self.state)
-            flat = self._flat(self.obs)
-            step = act(self.policy, to_device(flat, self.device), hero,
-                       torch.from_numpy(self.starts).to(self.device), self.state)
-            self.state = step.state
-            actions = {k: v.cpu().numpy().reshape(self.config.num_envs, agents) for k, v in step.actions.items()}
-            if self.opponent is not None:
-                theirs = self.opponent(self.obs)
-                actions = {k: np.where(self.controlled, v, theirs[k]) for k, v in actions.items()}
-            obs, events, dones, infos = self.env.step(actions)
-            self.game_steps += 1
-            game_time = infos.get("game_time", self.game_steps * self.config.step_seconds)
-            reward = shape_rewards(events, self.spec.agent_team, self.reward, tau, game_time).reshape(-1)
-            done = np.repeat(dones, agents)
-            self.buffer.store(t, {**{f"obs/{k}": v for k, v in flat.items()}, "hero": self.hero,
-                                  "starts": self.starts, **policy_step_fields(step), "reward": reward, "done": done,
-                                  "weight": self.weight, "version": self.learner.version,
-                                  **{f"info/{i.name}": infos[i.name].reshape(self.num_agents, *i.shape)
-                                     for i in self.spec.step_infos}})
-            self._record_episodes(events, dones, infos)
-            self.game_steps[dones] = 0
-            self.obs, self.starts = obs, done
-            self.env_steps += self.config.num_envs
-        bootstrap = act(self.policy, to_device(self._flat(self.obs), self.device), hero,
-                        torch.from_numpy(self.starts).to(self.device), self.state)
-        return self.buffer.batch(bootstrap.value)
+        """Play until the next segment is in the learner's ring and take it out (the learner role will not train on
+        it): a batch of ``segment_len`` steps of every agent."""
+        ring = self.channels[LEARNER][1]
+        while ring.ready_slots() == 0:
+            self._play_step()
+        taken = ring.take_view()
+        try:
+            batches = [self.schema.unpack(segment.payload)[0] for segment in taken]
+        finally:
+            ring.release(taken)
+        return batches[0] if len(batches) == 1 else self.schema.concat(batches)
 
-    def _record_episodes(self, events: np.ndarray, dones: np.ndarray, infos: dict[str, np.ndarray]) -> None:
-        self.episode_returns_sum += events.sum(axis=2).reshape(-1)
-        ended = np.repeat(dones, self.spec.num_agents) & (self.weight > 0)
-        self.episode_returns.extend(self.episode_returns_sum[ended].tolist())
-        self.episode_returns_sum[np.repeat(dones, self.spec.num_agents)] = 0.0
-        if self.spec.num_teams > 1:
-            first = self.controlled.argmax(axis=1)  # one agent this policy plays in every copy
-            learner_team = np.asarray(self.spec.agent_team)[first]
-            self.wins.extend((infos["winner"][dones] == learner_team[dones]).astype(float).tolist())
-
-    def run(self, total_steps: int, on_update: Callable[[SerialRunner, dict[str, float]], bool] | None = None
-            ) -> dict[str, float]:
-        """Collect and train until ``total_steps`` env steps (or ``on_update`` returns True); the last metrics."""
-        metrics: dict[str, float] = {}
-        started = time.perf_counter()
-        updates = 0
-        while self.env_steps < total_steps:
-            batch = self.collect()
-            metrics = self.learner.update(batch)
-            updates += 1
-            metrics.update(self.stats(started))
-            if self.config.log_every and updates % self.config.log_every == 0:
-                log.info("version %d  steps %d  %.0f steps/s  return %.1f  policy_loss %.3f  value_loss %.3f  "
-                         "entropy %.3f", self.learner.version, self.env_steps, metrics["perf/steps_per_s"],
-                         metrics["stats/episode_return"], metrics["train/policy_loss"],
-                         metrics["train/value_loss"], metrics["train/entropy"])
-            if on_update is not None and on_update(self, metrics):
-                break
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One PPO update on ``batch`` and the new version published to the inference worker."""
+        metrics = self.learner.update(batch)
+        self.learner_worker.publish()
         return metrics
 
-    def stats(self, started: float) -> dict[str, float]:
-        out = {"perf/env_steps": float(self.env_steps), "perf/version": float(self.learner.version),
-               "perf/steps_per_s": self.env_steps / max(time.perf_counter() - started, 1e-9),
-               "stats/episode_return": float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")}
-        if self.wins:
-            out["stats/win_rate"] = float(np.mean(self.wins))
-        return out
-
-
-@torch.no_grad()
-def evaluate(policy: Policy, env: VecEnv, seed: int, deterministic: bool = True) -> np.ndarray:
-    """Play one game in every copy of ``env`` (its num_envs games) and return each learning agent's return."""
-    spec = env.spec
-    n = env.num_envs * spec.num_agents
-    device = next(policy.parameters()).device
-    hero = torch.from_numpy(np.tile(hero_indices(spec), env.num_envs)).to(device)
-    obs = env.reset(seed)
-    starts = torch.ones(n, dtype=torch.bool, device=device)
-    state = policy.initial_state(n, device)
-    returns = np.zeros((env.num_envs, spec.num_agents))
-    finished = np.zeros(env.num_envs, dtype=bool)
-    while not finished.all():
-        flat = {k: v.reshape(n, *v.shape[2:]) for k, v in obs.items()}
-        step = act(policy, to_device(flat, device), hero, starts, state, deterministic)
-        state = step.state
-        actions = {k: v.cpu().numpy().reshape(env.num_envs, spec.num_agents) for k, v in step.actions.items()}
-        obs, events, dones, _ = env.step(actions)
-        returns[~finished] += events.sum(axis=2)[~finished]
-        finished |= dones
-        starts = torch.from_numpy(np.repeat(dones, spec.num_agents)).to(device)
-    learning = list(spec.learning_agents or range(spec.num_agents))
-    return returns[:, learning].ravel()
+    def close(self) -> None:
+        """Account for every segment as the MPI job does, write the run's status, close the channels."""
+        if self.closed:
+            return
+        self.closed = True
+        left = self.learner_worker.drain()
+        self.inference.link.send({"produced": self.inference.produced_ids}, TAG_ACCOUNTING)
+        self.learner_worker.link.send({"consumed": self.learner_worker.consumed_ids, "left": left}, TAG_ACCOUNTING)
+        self.controller.service()
+        self.controller.finish()
+        for steps, ring, params in self.channels:
+            ring.close()
+            params.close()
+            steps.close()

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import torch
 
+from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
 from hpc_rl.data.batch import AGENT, CHUNK, STEP, WIRE_IDS, SegmentError, SegmentSchema, batch_fields, validate
 from hpc_rl.envs.api import StepInfo
 from hpc_rl.envs.moba import MobaConfig, MobaEnv
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.roles.protocol import request_layout
-from hpc_rl.runner import RunnerConfig, SerialRunner
+from hpc_rl.runner import SerialRunner
 
 MODEL = ModelConfig(lstm_size=16, embed_size=8)
 SEGMENT = 32
@@ -69,10 +70,12 @@ def test_a_step_without_every_field_is_refused():
         schema.buffer().store(0, {"reward": np.zeros(4, np.float32)})
 
 
-def test_a_declared_step_info_travels_to_the_learner():
+def test_a_declared_step_info_travels_to_the_learner(tmp_path):
     env = ProbeEnv(num_envs=2)
     agents = env.spec.num_agents
-    runner = SerialRunner(env, RunnerConfig(num_envs=2, segment_len=SEGMENT, log_every=0), model=MODEL)
+    config = TrainConfig(runs_dir=str(tmp_path), model=MODEL, env=EnvConfig(num_envs=2, vs_scripted_fraction=0.0),
+                         pipeline=PipelineConfig(segment_len=SEGMENT))
+    runner = SerialRunner(config, env=env)
     first, second = runner.collect(), runner.collect()
     np.testing.assert_array_equal(first["info/probe"].numpy(), expected_probe(0, 2, agents))
     np.testing.assert_array_equal(second["info/probe"].numpy(), expected_probe(SEGMENT, 2, agents))

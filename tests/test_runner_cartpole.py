@@ -8,7 +8,8 @@ import pytest
 from hpc_rl.bench.cartpole import ENV_ID, MODEL, PPO, RUNNER
 from hpc_rl.envs.gym_adapter import GymVecEnv
 from hpc_rl.launch import set_torch_threads
-from hpc_rl.runner import evaluate, SerialRunner
+from hpc_rl.evaluation import evaluate
+from hpc_rl.runner import SerialRunner
 
 pytestmark = pytest.mark.slow
 

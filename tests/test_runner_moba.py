@@ -5,25 +5,27 @@ import pytest
 import torch
 
 from hpc_rl.algo.bptt import from_chunks, to_chunks
-from hpc_rl.bench.learner import moba_reward_config
-from hpc_rl.envs.moba import MobaConfig, MobaEnv
-from hpc_rl.envs.scripted import ScriptedBot
-from hpc_rl.model.config import ModelConfig
 from hpc_rl.algo.config import PPOConfig
-from hpc_rl.runner import RunnerConfig, SerialRunner
+from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
+from hpc_rl.envs.moba import MobaConfig
+from hpc_rl.model.config import ModelConfig
+from hpc_rl.runner import SerialRunner
+from hpc_rl.storage import open_run
 
 pytestmark = pytest.mark.slow
 
 
-def test_runner_trains_on_moba_against_the_scripted_bot():
-    config = MobaConfig()
-    model = ModelConfig(lstm_size=32, embed_size=16)
-    runner = SerialRunner(MobaEnv(config, 2), RunnerConfig(num_envs=2, segment_len=32, log_every=0, device="cpu"),
-                          PPOConfig(epochs=1, num_minibatches=2), model, moba_reward_config(config),
-                          opponent=ScriptedBot(config).act, learning_agents=(0,))
+def test_runner_trains_on_moba_against_the_scripted_bot(tmp_path):
+    config = TrainConfig(run_name="moba", runs_dir=str(tmp_path),
+                         env=EnvConfig(num_envs=4, vs_scripted_fraction=1.0, moba=MobaConfig()),
+                         model=ModelConfig(lstm_size=32, embed_size=16), ppo=PPOConfig(epochs=1, num_minibatches=2),
+                         pipeline=PipelineConfig(segment_len=32, segments_per_batch=1, max_versions=3))
+    runner = SerialRunner(config)
     batch = runner.collect()
-    # Only agent 0 of each copy (columns 0 and 2) is trained on; agent 1 is the bot.
-    assert batch.weight[:, 0::2].eq(1).all() and batch.weight[:, 1::2].eq(0).all()
+    # Columns are (copy, agent): the bot plays team 1 in even copies and team 0 in odd ones; only the policy's
+    # side is trained on.
+    assert batch.weight[0].tolist() == [1, 0, 0, 1, 1, 0, 0, 1]
+    assert (batch.weight == batch.weight[0]).all()
     learner_rows = batch.weight > 0
     chosen = batch.actions["action"]
     assert batch.obs["action_mask"].gather(2, chosen.unsqueeze(-1)).squeeze(-1)[learner_rows].all()
@@ -36,24 +38,14 @@ def test_runner_trains_on_moba_against_the_scripted_bot():
                              to_chunks(batch.starts, 16), (batch.chunk_h.reshape(-1, 32), batch.chunk_c.reshape(-1, 32)),
                              actions={k: to_chunks(v, 16) for k, v in batch.actions.items()})
     torch.testing.assert_close(from_chunks(step.logp, 2)[learner_rows], batch.logp[learner_rows], rtol=1e-4, atol=1e-4)
-    metrics = runner.learner.update(batch)
+    metrics = runner.update(batch)
     assert all(np.isfinite(v) for v in metrics.values())
-    assert metrics["perf/samples"] == 2 * 32
-    metrics = runner.run(total_steps=3 * 2 * 32)
-    assert runner.env_steps == 3 * 2 * 32 and runner.learner.version == 3
-    assert np.isfinite(metrics["train/value_loss"])
+    assert metrics["perf/samples"] == 4 * 32
 
-
-def test_alternate_sides_puts_the_policy_on_team_1_in_odd_copies():
-    config = MobaConfig()
-    model = ModelConfig(lstm_size=32, embed_size=16)
-    runner = SerialRunner(MobaEnv(config, 4), RunnerConfig(num_envs=4, segment_len=16, log_every=0, device="cpu"),
-                          PPOConfig(epochs=1, num_minibatches=2), model, moba_reward_config(config),
-                          opponent=ScriptedBot(config).act, learning_agents=(0,), alternate_sides=True)
-    batch = runner.collect()
-    # Columns are (copy, agent): the policy is agent 0 (team 0) in copies 0 and 2, agent 1 (team 1) in 1 and 3.
-    assert batch.weight[0].tolist() == [1, 0, 0, 1, 1, 0, 0, 1]
-    assert runner.controlled.tolist() == [[True, False], [False, True], [True, False], [False, True]]
-    with pytest.raises(ValueError, match="alternate_sides needs an opponent"):
-        SerialRunner(MobaEnv(config, 2), RunnerConfig(num_envs=2, segment_len=16, log_every=0, device="cpu"),
-                     PPOConfig(epochs=1, num_minibatches=2), model, moba_reward_config(config), alternate_sides=True)
+    # Then the roles on their own, as the MPI job runs them, up to pipeline.max_versions.
+    metrics = runner.run()
+    assert runner.learner.version == 3 and np.isfinite(metrics["train/value_loss"])
+    assert metrics["perf/env_steps"] >= 3 * 4 * 32
+    run = open_run(tmp_path / "moba")
+    assert run.metrics["train/value_loss"]["version"].tolist() == [2, 3]
+    assert run.load_checkpoint().version == 3

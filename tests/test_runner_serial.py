@@ -1,4 +1,5 @@
-"""The serial runner's pieces: segments with stored LSTM states, the learner's update, and lockstep learners."""
+"""The serial runner (the roles in one process): segments with stored LSTM states, the learner's update and its
+publication to the inference worker, and lockstep learners."""
 
 import copy
 import threading
@@ -8,23 +9,29 @@ import pytest
 import torch
 
 from hpc_rl.algo.bptt import from_chunks, to_chunks
+from hpc_rl.algo.config import PPOConfig
+from hpc_rl.algo.learner import Learner
 from hpc_rl.algo.normalizer import NormStats
 from hpc_rl.algo.schedules import constant
+from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
+from hpc_rl.data.batch import Batch
 from hpc_rl.envs.gym_adapter import GymVecEnv
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.policy import Policy
-from hpc_rl.algo.config import PPOConfig
-from hpc_rl.algo.learner import Learner
-from hpc_rl.data.batch import Batch
-from hpc_rl.runner import RunnerConfig, SerialRunner
+from hpc_rl.runner import SerialRunner
 
 MODEL = ModelConfig(lstm_size=16, embed_size=16)
 PPO = PPOConfig(lr=constant(1e-3), gamma=constant(0.98), lam=0.8, epochs=2, num_minibatches=2)
 
 
-def make_runner(num_envs=4, seed=0):
-    return SerialRunner(GymVecEnv("CartPole-v1", num_envs), RunnerConfig(num_envs=num_envs, segment_len=64, seed=seed,
-                                                                         log_every=0, device="cpu"), PPO, MODEL)
+def cartpole_config(runs_dir, num_envs=4, seed=0, **pipeline) -> TrainConfig:
+    return TrainConfig(run_name=f"cartpole-{num_envs}-{seed}", runs_dir=str(runs_dir), seed=seed,
+                       env=EnvConfig(name="gym:CartPole-v1", num_envs=num_envs), model=MODEL, ppo=PPO,
+                       pipeline=PipelineConfig(**{"segment_len": 64, "segments_per_batch": 1, **pipeline}))
+
+
+def make_runner(runs_dir, num_envs=4, seed=0):
+    return SerialRunner(cartpole_config(runs_dir, num_envs, seed))
 
 
 def replay(policy: Policy, batch: Batch):
@@ -37,8 +44,8 @@ def replay(policy: Policy, batch: Batch):
     return from_chunks(step.logp, n), from_chunks(step.value, n)
 
 
-def test_chunks_from_stored_states_recompute_the_behaviour_policy_exactly():
-    runner = make_runner()
+def test_chunks_from_stored_states_recompute_the_behaviour_policy_exactly(tmp_path):
+    runner = make_runner(tmp_path)
     runner.collect()  # a second segment starts from a carried, non-zero LSTM state
     batch = runner.collect()
     assert batch.starts.any() and batch.done.any()
@@ -55,11 +62,11 @@ def test_chunks_from_stored_states_recompute_the_behaviour_policy_exactly():
         assert not torch.allclose(replay(runner.policy, zero)[1], batch.value, atol=1e-5)
 
 
-def test_update_trains_and_ships_the_normaliser():
-    runner = make_runner()
+def test_update_trains_and_ships_the_normaliser(tmp_path):
+    runner = make_runner(tmp_path)
     batch = runner.collect()
     before = [p.detach().clone() for p in runner.policy.parameters()]
-    metrics = runner.learner.update(batch)
+    metrics = runner.update(batch)
     assert runner.learner.version == 1
     assert all(np.isfinite(v) for v in metrics.values())
     assert metrics["train/approx_kl"] >= 0 and metrics["train/nonfinite_skipped"] == 0
@@ -70,11 +77,13 @@ def test_update_trains_and_ships_the_normaliser():
     assert norm.stats.count == 256
     np.testing.assert_allclose(norm.stats.mean, stats.mean, rtol=1e-6)
     np.testing.assert_allclose(runner.policy.obs_mean_0.numpy(), stats.mean, rtol=1e-5)
-    # The next segment is played with the shipped normaliser: behaviour = learner's view again.
+    # The next segment is played with the published parameters and normaliser: behaviour = learner's view again.
+    # Its first step was acted on in the pass that shipped the previous segment, before the update (version 0), so
+    # the first chunk's LSTM states carry version 0's step; from the second chunk's stored state on, replay is exact.
     batch = runner.collect()
-    assert (batch.version == 1).all()
+    assert (batch.version[0] == 0).all() and (batch.version[1:] == 1).all()
     with torch.no_grad():
-        torch.testing.assert_close(replay(runner.policy, batch)[0], batch.logp, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(replay(runner.policy, batch)[0][16:], batch.logp[16:], rtol=1e-5, atol=1e-5)
 
 
 class ThreadAllreduce:
@@ -99,13 +108,14 @@ def split(batch: Batch, half: int) -> Batch:
     return Batch({k: v[cols] if k == "bootstrap_value" else v[:, cols] for k, v in batch.fields.items()})
 
 
-def test_two_lockstep_learners_stay_identical_and_share_statistics():
-    batch = make_runner(num_envs=8, seed=3).collect()
+def test_two_lockstep_learners_stay_identical_and_share_statistics(tmp_path):
+    runner = make_runner(tmp_path, num_envs=8, seed=3)
+    batch = runner.collect()
     comm = ThreadAllreduce(2)
     learners = []
     for rank in range(2):
         torch.manual_seed(11)
-        learners.append(Learner(Policy(make_runner().spec, MODEL), PPO, comm.for_rank(rank), world_size=2,
+        learners.append(Learner(Policy(runner.spec, MODEL), PPO, comm.for_rank(rank), world_size=2,
                                 seed=rank))
     threads = [threading.Thread(target=learners[r].update, args=(split(batch, r),)) for r in range(2)]
     for t in threads:
@@ -123,18 +133,18 @@ def test_two_lockstep_learners_stay_identical_and_share_statistics():
         np.testing.assert_allclose(learner.normalizers["global"].stats.mean, whole.mean, rtol=1e-6)
 
 
-def test_config_errors():
+def test_config_errors(tmp_path):
     with pytest.raises(ValueError, match="multiple"):
-        SerialRunner(GymVecEnv("CartPole-v1", 2), RunnerConfig(num_envs=2, segment_len=40, device="cpu"), PPO, MODEL)
+        cartpole_config(tmp_path, segment_len=40)
     with pytest.raises(ValueError, match="num_envs"):
-        SerialRunner(GymVecEnv("CartPole-v1", 2), RunnerConfig(num_envs=3, device="cpu"), PPO, MODEL)
+        SerialRunner(cartpole_config(tmp_path, num_envs=3), env=GymVecEnv("CartPole-v1", 2))
     with pytest.raises(ValueError, match="epochs"):
         PPOConfig(epochs=0)
 
 
-def test_learner_state_round_trip_continues_identically():
-    runner = make_runner()
-    runner.learner.update(runner.collect())
+def test_learner_state_round_trip_continues_identically(tmp_path):
+    runner = make_runner(tmp_path)
+    runner.update(runner.collect())
     batch = runner.collect()
     saved = copy.deepcopy(runner.learner.state_dict())
     torch.manual_seed(99)

@@ -4,19 +4,20 @@ import numpy as np
 import pytest
 import torch
 
-from hpc_rl.envs.moba import MobaConfig, MobaEnv
-from hpc_rl.model.config import ModelConfig
+from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
 from hpc_rl.data.batch import SegmentError, SegmentSchema, validate
-from hpc_rl.runner import RunnerConfig, SerialRunner
+from hpc_rl.envs.moba import MobaConfig
+from hpc_rl.model.config import ModelConfig
+from hpc_rl.runner import SerialRunner
 
 MODEL = ModelConfig(lstm_size=16, embed_size=8)
 
 
 @pytest.fixture(scope="module")
-def real_batch():
-    runner = SerialRunner(MobaEnv(MobaConfig(), 2), RunnerConfig(num_envs=2, segment_len=32, log_every=0),
-                          model=MODEL)
-    return runner.collect()
+def real_batch(tmp_path_factory):
+    config = TrainConfig(runs_dir=str(tmp_path_factory.mktemp("runs")), model=MODEL,
+                         env=EnvConfig(num_envs=2, moba=MobaConfig()), pipeline=PipelineConfig(segment_len=32))
+    return SerialRunner(config).collect()
 
 
 @pytest.mark.parametrize("fp16", [False, True])

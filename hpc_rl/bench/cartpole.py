@@ -25,7 +25,8 @@ from hpc_rl.algo.schedules import constant
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.algo.config import PPOConfig
-from hpc_rl.runner import evaluate, RunnerConfig, SerialRunner
+from hpc_rl.evaluation import evaluate
+from hpc_rl.runner import SerialRunner
 
 ENV_ID = "CartPole-v1"
 TARGET = 475.0

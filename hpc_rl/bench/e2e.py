@@ -5,8 +5,9 @@
 - MOBA 1v1, the default local job (6 ranks: controller, 2 env, 1 inference, 2 learners, oversubscribed), run for
   ``--moba-versions`` versions: ``moba_samples_per_s`` (agent steps consumed by the learners per second since
   the learners started), ``moba_env_steps_per_s`` (env ranks' stepping rate), ``staleness_mean``, ``reuse``; and
-  the serial runner on the same work (same env copies, segment length, batch and model) in one process for the
-  same number of updates: ``serial_samples_per_s``, and the ratio.
+  the serial runner (the same roles in one process) on the same work (same env copies, segment length, global
+  batch, model, scripted-bot and league settings) for the same number of updates: ``serial_samples_per_s`` (the
+  same ``perf/learner_samples_per_s``), and the ratio.
 - CartPole-v1 through the distributed job (``experiment=cartpole_fast``): ``cartpole_env_steps_per_s`` consumed,
   whether greedy evaluation reached 475, its reuse and staleness; beside Stable-Baselines3 PPO (rl-zoo settings)
   measured in the same run: ``sb3_env_steps_per_s``.
@@ -59,24 +60,25 @@ def _run_job(runs: Path, name: str, overrides: list[str], timeout: float) -> dic
     }
 
 
-def _serial_samples_per_s(versions: int) -> float:
-    """The serial runner on the default job's work: 16 MOBA copies (2 env ranks x 8), the same segments, batch,
-    model and PPO settings, for the same number of updates."""
+def _serial_samples_per_s(runs: Path, versions: int) -> float:
+    """The serial runner (the same roles in one process) on the default job's work: its 16 MOBA copies (2 env ranks
+    x 8) on one env worker, the same global batch (segments of 16 copies, as many copy-segments per update as the
+    2 learners take together), model, PPO, scripted-bot and league settings, for the same number of updates."""
+    import dataclasses
+
     from hpc_rl.config import TrainConfig
-    from hpc_rl.runner import RunnerConfig, SerialRunner
+    from hpc_rl.runner import SerialRunner
 
     cfg = TrainConfig()
-    copies = cfg.env.num_envs * cfg.topology.env
-    runner = SerialRunner(cfg.env.make(num_envs=copies), RunnerConfig(num_envs=copies,
-                          segment_len=cfg.pipeline.segment_len, log_every=0), cfg.ppo, cfg.model,
-                          cfg.env.reward_config())
-    samples = 0.0
-    started = time.perf_counter()
-    for _ in range(versions):
-        batch = runner.collect()
-        runner.learner.update(batch)
-        samples += batch.num_samples
-    return samples / (time.perf_counter() - started)
+    env_ranks, learners = cfg.topology.env, cfg.topology.learner
+    if (cfg.pipeline.segments_per_batch * learners) % env_ranks:
+        raise ValueError("the default job's global batch is not a whole number of 16-copy segments")
+    config = dataclasses.replace(
+        cfg, run_name="serial", runs_dir=str(runs),
+        env=dataclasses.replace(cfg.env, num_envs=cfg.env.num_envs * env_ranks),
+        pipeline=dataclasses.replace(cfg.pipeline, max_versions=versions,
+                                     segments_per_batch=cfg.pipeline.segments_per_batch * learners // env_ranks))
+    return SerialRunner(config).run()["perf/learner_samples_per_s"]
 
 
 def run(args) -> dict:
@@ -87,7 +89,7 @@ def run(args) -> dict:
         runs = Path(tmp)
         moba = _run_job(runs, "moba", [f"pipeline.max_versions={args.moba_versions}", *offset], timeout=3600)
         out.update({f"moba_{k}": v for k, v in moba.items()})
-        out["serial_samples_per_s"] = _serial_samples_per_s(args.moba_versions)
+        out["serial_samples_per_s"] = _serial_samples_per_s(runs, args.moba_versions)
         out["moba_vs_serial"] = moba["samples_per_s"] / out["serial_samples_per_s"]
 
         # The preset's own async_actions holds unless --async-actions asks for the offset.

@@ -16,25 +16,17 @@ import time
 import torch
 
 from hpc_rl.algo.bptt import to_chunks
-from hpc_rl.algo.rewards import RewardConfig
-from hpc_rl.launch import set_torch_threads
-from hpc_rl.model.config import ModelConfig
 from hpc_rl.algo.config import PPOConfig
+from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
 from hpc_rl.data.batch import Batch
-from hpc_rl.runner import RunnerConfig, SerialRunner
+from hpc_rl.launch import set_torch_threads
+from hpc_rl.runner import SerialRunner
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--num-envs", type=int, default=8, help="MOBA copies (2 agents each) per batch")
     parser.add_argument("--segment-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7, help="timed runs of each; the fastest of each is reported")
-
-
-def moba_reward_config(config) -> RewardConfig:
-    from hpc_rl.envs.moba import REWARD_EVENTS
-
-    return RewardConfig(weights=tuple(float(w) for w in config.reward_weight_vector()),
-                        decayed=tuple(event not in ("win", "loss") for event in REWARD_EVENTS))
 
 
 def raw_pass(runner: SerialRunner, batch: Batch, ppo: PPOConfig) -> None:
@@ -55,15 +47,14 @@ def raw_pass(runner: SerialRunner, batch: Batch, ppo: PPOConfig) -> None:
 
 
 def run(args) -> dict:
-    from hpc_rl.envs.moba import MobaConfig, MobaEnv
+    import tempfile
 
     set_torch_threads()
-    config = MobaConfig()
-    env = MobaEnv(config, args.num_envs)
     ppo = PPOConfig()
-    runner = SerialRunner(env, RunnerConfig(num_envs=args.num_envs, segment_len=args.segment_len, log_every=0,
-                                            device="cpu"), ppo, ModelConfig(), moba_reward_config(config))
-    batch = runner.collect()
+    with tempfile.TemporaryDirectory() as runs:
+        runner = SerialRunner(TrainConfig(runs_dir=runs, env=EnvConfig(num_envs=args.num_envs), ppo=ppo,
+                                          pipeline=PipelineConfig(segment_len=args.segment_len)))
+        batch = runner.collect()
     samples = batch.obs["global"].shape[0] * batch.obs["global"].shape[1] * ppo.epochs
     runner.learner.update(batch)  # warm-up: allocations, optimiser state
     raw_pass(runner, batch, ppo)

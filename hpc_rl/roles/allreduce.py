@@ -1,4 +1,5 @@
-"""The learners' allreduce behind one interface: Horovod (default) or a plain mpi4py ``Allreduce``.
+"""The learners' allreduce behind one interface: Horovod (default) or a plain mpi4py ``Allreduce`` between learner
+ranks, or the one learner of a run in one process.
 
 Horovod's last release is from 2023; a site where it does not build still runs, with ``pipeline.allreduce=mpi``.
 Both sum a tensor over the learner sub-communicator and broadcast parameters from learner 0; the tests check that
@@ -7,9 +8,41 @@ they give the same update.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import torch
-from mpi4py import MPI
+
+
+class Allreduce(Protocol):
+    """Sums over the learners and broadcasts from one of them; ``size`` learners, this one is ``rank``."""
+
+    name: str
+    size: int
+    rank: int
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    def broadcast_(self, tensors: list[torch.Tensor], root: int = 0) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class SingleAllreduce:
+    """One learner: the sum over it is the tensor itself (the serial runner's learner)."""
+
+    name = "single"
+    size = 1
+    rank = 0
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def broadcast_(self, tensors: list[torch.Tensor], root: int = 0) -> None:
+        """Nothing to do: learner 0 is the only learner."""
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
 
 
 class MpiAllreduce:
@@ -17,15 +50,18 @@ class MpiAllreduce:
 
     name = "mpi"
 
-    def __init__(self, comm: MPI.Comm):
+    def __init__(self, comm):
+        from mpi4py import MPI
+
         self.comm = comm
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
+        self._sum = MPI.SUM
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         local = np.ascontiguousarray(tensor.detach().cpu().numpy())
         out = np.empty_like(local)
-        self.comm.Allreduce(local, out, op=MPI.SUM)
+        self.comm.Allreduce(local, out, op=self._sum)
         return torch.from_numpy(out).to(tensor.device)
 
     def broadcast_(self, tensors: list[torch.Tensor], root: int = 0) -> None:
@@ -43,7 +79,7 @@ class HorovodAllreduce:
 
     name = "horovod"
 
-    def __init__(self, comm: MPI.Comm):
+    def __init__(self, comm):
         import horovod.torch as hvd
 
         hvd.init(comm=comm)
@@ -65,7 +101,7 @@ class HorovodAllreduce:
         self.hvd.shutdown()
 
 
-def make_allreduce(name: str, comm: MPI.Comm) -> MpiAllreduce | HorovodAllreduce:
+def make_allreduce(name: str, comm) -> MpiAllreduce | HorovodAllreduce:
     if name == "horovod":
         return HorovodAllreduce(comm)
     if name == "mpi":

@@ -1,8 +1,4 @@
-"""What every role shares: the control link to the controller, heartbeats, waiting, seeding, logging.
-
-Control messages are small pickled objects on a communicator of their own (a ``Dup`` of the world), never on the
-transport's: the data path stays byte buffers, the control path stays readable.
-"""
+"""What every role shares: waiting with backoff and heartbeats, seeding, logging, stop signals."""
 
 from __future__ import annotations
 
@@ -10,14 +6,10 @@ import hashlib
 import logging
 import math
 import signal
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpi4py import MPI
-
-from hpc_rl.roles.protocol import CONTROLLER, TAG_HEARTBEAT
+from hpc_rl.roles.control import ControlLink
 from hpc_rl.transport.config import PollConfig
 from hpc_rl.transport.wait import TransportTimeout, Waiter
 
@@ -42,38 +34,7 @@ class Backoff:
         self._waiter.step()
 
 
-@dataclass
-class ControlLink:
-    """A rank's control messages to the controller: heartbeats (with stats) and anything else, non-blocking."""
-
-    comm: MPI.Comm
-    heartbeat_s: float
-    _pending: list = field(default_factory=list)
-    _last_beat: float = 0.0
-
-    def send(self, obj, tag: int, dest: int = CONTROLLER) -> None:
-        self._pending.append(self.comm.isend(obj, dest=dest, tag=tag))
-        self._pending = [r for r in self._pending if not r.Test()]
-
-    def beat(self, stats: dict | None = None, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self._last_beat >= self.heartbeat_s:
-            self._last_beat = now
-            self.send({"stats": stats or {}, "time": time.time()}, TAG_HEARTBEAT)
-
-    def receive(self, tag: int, source: int = CONTROLLER):
-        """A pending message with ``tag`` from ``source``, or None."""
-        if self.comm.Iprobe(source=source, tag=tag):
-            return self.comm.recv(source=source, tag=tag)
-        return None
-
-    def flush(self) -> None:
-        """Complete every send (before the communicator is freed)."""
-        MPI.Request.Waitall(self._pending)
-        self._pending = []
-
-
-def patiently(call, link: "ControlLink", timeout_s: float):
+def patiently(call, link: ControlLink, timeout_s: float):
     """``call(timeout)`` in slices of one heartbeat period, beating between them, for at most ``timeout_s``.
 
     A rank waiting on a peer is alive: it keeps beating, so the controller names the silent peer, not the waiter.
@@ -122,10 +83,3 @@ class StopFlag:
     @property
     def raised(self) -> bool:
         return self.signum is not None
-
-
-def fail(log: logging.Logger, message: str, comm: MPI.Comm = MPI.COMM_WORLD) -> None:
-    """Log, print and abort the whole job: under MPI a rank that only raised could leave its peers waiting."""
-    log.error(message)
-    print(message, file=sys.stderr, flush=True)
-    comm.Abort(1)

@@ -21,17 +21,18 @@ from collections import deque
 from pathlib import Path
 
 import numpy as np
-from mpi4py import MPI
 
-from hpc_rl.config import TrainConfig
+from hpc_rl.config import TrainConfig, to_yaml
 from hpc_rl.analysis import wilson_interval
 from hpc_rl.league.pool import OpponentPool
 from hpc_rl.league.evaluate import RatingBook, rating_line
-from hpc_rl.roles.common import Backoff, StopFlag, fail
+from hpc_rl.roles.common import Backoff, StopFlag
+from hpc_rl.roles.control import ControlEndpoint
 from hpc_rl.roles.protocol import (TAG_ACCOUNTING, TAG_CHECKPOINT, TAG_DONE, TAG_EVALUATION, TAG_HALT, TAG_HEARTBEAT,
                                    TAG_METRICS, TAG_POOL, TAG_POOL_RESULT, TAG_STOP)
 from hpc_rl.slurm import slurm_job_id
-from hpc_rl.storage import MetricsWriter, commit_checkpoint, prune_checkpoints, read_pool, write_pool
+from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_latest, prune_checkpoints, read_pool,
+                            write_pool)
 from hpc_rl.storage.checkpoint import checkpoint_name
 from hpc_rl.storage.tensorboard import TENSORBOARD_DIR, open_export
 from hpc_rl.topology import Role, Topology
@@ -39,10 +40,29 @@ from hpc_rl.topology import Role, Topology
 log = logging.getLogger(__name__)
 
 
+def open_run_dir(config: TrainConfig, overrides: tuple[str, ...] = ()) -> Checkpoint | None:
+    """The controller's start-up, in an MPI job and in one process alike: create the run directory, record the
+    config, and return the checkpoint to resume from (None for a new run, which gets a line in the runs directory's
+    index)."""
+    run_dir = Path(config.runs_dir) / config.run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(config))
+    resume = load_latest(run_dir / "checkpoints", config.config_hash())
+    if resume is not None:
+        print(f"resuming {run_dir} from version {resume.version} ({resume.path.name})", flush=True)
+    else:
+        # One short line appended per new run (O_APPEND: concurrent sweep members do not interleave on a local
+        # or Lustre/GPFS filesystem).
+        with open(Path(config.runs_dir) / "index.tsv", "a") as index:
+            index.write(f"{config.run_name}\t{' '.join(overrides)}\n")
+    return resume
+
+
 class Controller:
-    def __init__(self, config: TrainConfig, topology: Topology, comm: MPI.Comm, run_dir: Path, resume_version: int,
-                 stop_flag: StopFlag):
-        self.config, self.topology, self.comm, self.run_dir = config, topology, comm, run_dir
+    def __init__(self, config: TrainConfig, topology: Topology, control: ControlEndpoint, run_dir: Path,
+                 resume_version: int, stop_flag: StopFlag | None):
+        """``stop_flag``: the signals that ask for a stop (None: none are watched, as in a run in one process)."""
+        self.config, self.topology, self.control, self.run_dir = config, topology, control, run_dir
         self.stop_flag = stop_flag
         self.metrics = MetricsWriter(run_dir / "metrics.h5", resume_version=resume_version if resume_version >= 0
                                      else None)
@@ -51,11 +71,13 @@ class Controller:
         if self.tensorboard is None:
             log.info("tensorboard is not installed: TensorBoard export is off (metrics.h5 has every metric; "
                      "python -m hpc_rl.storage.tensorboard exports it later)")
-        self.last_seen = {r: time.monotonic() for r in range(1, comm.Get_size())}
+        self.last_seen = {r: time.monotonic() for r in range(1, control.size)}
         self.stats: dict[int, dict] = {}
         self.version = max(resume_version, 0)
         self.committed = resume_version
         self.stop_sent = False
+        self.stopped_envs = False
+        self.last_metrics: dict[str, float] = {}  # the latest version's, as written to metrics.h5
         self.stop_reason = "finished"  # or "preempted" (a signal) or "time_limit" (pipeline.max_seconds)
         self.learners_done: int | None = None
         self.accounting: dict[int, dict] = {}
@@ -95,7 +117,7 @@ class Controller:
             return  # inference ranks are stopping; they drain only what was sent before (see run.py)
         message = {"versions": list(self.pool.versions), "qualities": list(self.pool.qualities)}
         for rank in self.topology.ranks(Role.INFERENCE):
-            self.comm.send(message, dest=rank, tag=TAG_POOL)
+            self.control.send(message, rank, TAG_POOL)
         self.pool_changed = False
 
     def _on_pool_results(self, results: list[tuple[int, float]]) -> None:
@@ -110,11 +132,9 @@ class Controller:
     def service(self) -> bool:
         """Handle every pending message; True if any arrived."""
         got = False
-        status = MPI.Status()
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+        while (received := self.control.receive_any()) is not None:
             got = True
-            source, tag = status.Get_source(), status.Get_tag()
-            message = self.comm.recv(source=source, tag=tag)
+            source, tag, message = received
             self.last_seen[source] = time.monotonic()
             if tag == TAG_HEARTBEAT:
                 # A rank waiting on a peer beats without counters: keep its last ones (totals never go back).
@@ -170,6 +190,7 @@ class Controller:
             if self.pool_changed:
                 self._save_and_send_pool()
         now = time.time()
+        self.last_metrics = metrics
         self.metrics.log_many(metrics, version=version, step=int(steps), wall_time=now)
         if self.tensorboard is not None:
             self.tensorboard.log_many(metrics, version, wall_time=now)
@@ -228,14 +249,14 @@ class Controller:
         for rank, seen in self.last_seen.items():
             if now - seen > limit:
                 role = self.topology.role_map()[rank]
-                fail(log, f"rank {rank} ({role}) has sent nothing for {now - seen:.0f} s (heartbeat_timeout_s="
-                          f"{limit}): it is hung or stopped; aborting the job")
+                self.control.abort(f"rank {rank} ({role}) has sent nothing for {now - seen:.0f} s "
+                                   f"(heartbeat_timeout_s={limit}): it is hung or stopped; aborting the job")
 
     def _maybe_stop(self) -> None:
         if self.stop_sent:
             return
         reason = None
-        if self.stop_flag.raised:
+        if self.stop_flag is not None and self.stop_flag.raised:
             reason = f"signal {self.stop_flag.signum}"
             self.stop_reason = "preempted"
         elif self.config.pipeline.max_seconds and time.monotonic() - self.started > self.config.pipeline.max_seconds:
@@ -245,32 +266,39 @@ class Controller:
             target = self.version + 1
             log.info("%s: stopping at version %d", reason, target)
             print(f"{reason}: stopping at version {target}", flush=True)
-            self.comm.send(target, dest=self.topology.ranks(Role.LEARNER)[0], tag=TAG_STOP)
+            self.control.send(target, self.topology.ranks(Role.LEARNER)[0], TAG_STOP)
             self.stop_sent = True
 
     def run(self) -> int:
         """Until the learners are done and the final checkpoint is committed; returns the final version."""
+        self.start()
         backoff = Backoff(self.config.transport.poll)
-        stopped_envs = False
+        while not self.step():
+            backoff.wait()
+        return self.learners_done
+
+    def start(self) -> None:
         if self.pool is not None and self.pool.versions:
             self._save_and_send_pool()
-        while True:
-            if self.service():
-                backoff.reset()
-            self._maybe_stop()
-            self._watch()
-            if self.learners_done is not None and not stopped_envs:
-                for rank in self.topology.ranks(Role.ENV):
-                    self.comm.send(True, dest=rank, tag=TAG_STOP)
-                stopped_envs = True
-            if self.learners_done is not None and self.committed >= self.learners_done:
-                # Evaluator ranks stop now; after a finished run they rate its final version first (not after a
-                # signal or the time limit, when the job must end soon).
-                final = self.learners_done if self.stop_reason == "finished" else None
-                for rank in self.topology.ranks(Role.EVALUATOR):
-                    self.comm.send({"rate_final": final}, dest=rank, tag=TAG_STOP)
-                return self.learners_done
-            backoff.wait()
+
+    def step(self) -> bool:
+        """Handle what arrived, watch the heartbeats and the stop conditions; True once the learners are done and
+        their final version is committed (the other ranks have been told to stop)."""
+        self.service()
+        self._maybe_stop()
+        self._watch()
+        if self.learners_done is not None and not self.stopped_envs:
+            for rank in self.topology.ranks(Role.ENV):
+                self.control.send(True, rank, TAG_STOP)
+            self.stopped_envs = True
+        if self.learners_done is not None and self.committed >= self.learners_done:
+            # Evaluator ranks stop now; after a finished run they rate its final version first (not after a
+            # signal or the time limit, when the job must end soon).
+            final = self.learners_done if self.stop_reason == "finished" else None
+            for rank in self.topology.ranks(Role.EVALUATOR):
+                self.control.send({"rate_final": final}, rank, TAG_STOP)
+            return True
+        return False
 
     def _on_halt(self, reason: str) -> None:
         """The learners halted on non-finite losses and wait for the end: write the metrics so far (the skipped
@@ -282,7 +310,7 @@ class Controller:
         status = {"state": "halted_nonfinite", "version": self.version, "committed": self.committed,
                   "reason": reason, "time": time.time()}
         (self.run_dir / "status.json").write_text(json.dumps(status) + "\n")
-        fail(log, f"{reason}. Last committed checkpoint: version {self.committed}. Aborting the job.")
+        self.control.abort(f"{reason}. Last committed checkpoint: version {self.committed}. Aborting the job.")
 
     def finish(self) -> None:
         self.metrics.close()

@@ -1,7 +1,7 @@
 """Env rank: steps a vectorised environment and exchanges every step with its inference rank.
 
-    obs = env.reset(seed)
-    while not stopped: send_request(obs, events, dones); actions = wait_reply(); obs, events, dones = env.step(actions)
+    start(): obs = env.reset(seed)
+    while send(): receive()      # send: request(obs, events, dones); receive: actions = reply; obs, ... = step(actions)
 
 Each request carries the events and dones of the previous step beside the new observation, so the inference rank
 completes step t-1 of its segments when step t arrives.
@@ -23,17 +23,22 @@ import time
 import numpy as np
 
 from hpc_rl.config import TrainConfig
-from hpc_rl.roles.common import ControlLink, patiently, seed_for
+from hpc_rl.envs.api import VecEnv
+from hpc_rl.roles.common import patiently, seed_for
+from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.protocol import TAG_STOP, reply_layout, request_layout
 from hpc_rl.transport import StepExchange
 
 
 class EnvWorker:
     def __init__(self, config: TrainConfig, rank: int, env_index: int, exchange: StepExchange, link: ControlLink,
-                 version: int):
+                 version: int, env: VecEnv | None = None):
+        """``env`` replaces the one ``config.env`` makes (the serial runner's caller may bring its own)."""
         self.config = config
         self.rank = rank
-        self.env = config.env.make(first_copy=env_index * config.env.num_envs)
+        self.env = env if env is not None else config.env.make(first_copy=env_index * config.env.num_envs)
+        if self.env.num_envs != config.env.num_envs:
+            raise ValueError(f"the env has {self.env.num_envs} copies, env.num_envs is {config.env.num_envs}")
         self.spec = self.env.spec
         self.exchange = exchange
         self.link = link
@@ -58,6 +63,11 @@ class EnvWorker:
         self.returns_sum = 0.0  # sum of finished episodes' returns, where the env reports them (Gymnasium)
 
     def run(self) -> None:
+        self.start()
+        while self.send():
+            self.receive()
+
+    def start(self) -> None:
         n = self.config.env.num_envs
         self.obs = self.env.reset(seed_for(self.config.seed, self.rank, self.version))
         self.events = np.zeros((n, self.spec.num_agents, len(self.spec.reward_events)), np.float32)
@@ -67,25 +77,31 @@ class EnvWorker:
                       for i in self.spec.step_infos}
         self.game_steps = np.zeros(n)
         self.started = time.monotonic()
-        offset = self.config.pipeline.async_actions
-        previous = {k: np.zeros(f.shape, f.dtype) for k, f in self.replies.fields.items()}
-        while True:
-            stop = self.link.receive(TAG_STOP) is not None
-            message = {**self.obs, "events": self.events, "done": self.done, "winner": self.winner,
-                       "game_time": (self.game_steps * self.config.env.step_seconds).astype(np.float32),
-                       **self.infos, "stop": np.array([stop])}
-            self.exchange.send_request(self.requests.pack(message, self.buffer))
-            if stop:
-                return
-            if offset:  # step with the previous action while the inference rank computes this one
-                self._step(previous)
-                previous = self._wait_actions()
-            else:
-                self._step(self._wait_actions())
+        self.previous = {k: np.zeros(f.shape, f.dtype) for k, f in self.replies.fields.items()}
 
-    def _wait_actions(self) -> dict[str, np.ndarray]:
+    def send(self) -> bool:
+        """Send this step's request: the observation and what the previous step produced. False if it was the last
+        (the controller said stop). With the action offset, step with the previous action while the inference rank
+        computes this one."""
+        stop = self.link.receive(TAG_STOP) is not None
+        message = {**self.obs, "events": self.events, "done": self.done, "winner": self.winner,
+                   "game_time": (self.game_steps * self.config.env.step_seconds).astype(np.float32),
+                   **self.infos, "stop": np.array([stop])}
+        self.exchange.send_request(self.requests.pack(message, self.buffer))
+        if stop:
+            return False
+        if self.config.pipeline.async_actions:
+            self._step(self.previous)
+        return True
+
+    def receive(self) -> None:
+        """The reply to the request just sent: step with it (with the action offset: keep it for the next step)."""
         reply = patiently(self.exchange.wait_reply, self.link, self.config.transport.timeout_s)
-        return {k: v.copy() for k, v in self.replies.unpack(reply).items()}
+        actions = {k: v.copy() for k, v in self.replies.unpack(reply).items()}
+        if self.config.pipeline.async_actions:
+            self.previous = actions
+        else:
+            self._step(actions)
 
     def _step(self, actions: dict[str, np.ndarray]) -> None:
         if self.bot is not None:  # the scripted bot acts on what it sees now

@@ -1,7 +1,8 @@
 """Inference rank: batches every agent of its env ranks, runs the latest policy and the opponents' past versions,
 assembles segments for learners.
 
-    while envs run: requests = wait_requests(); complete step t-1 with its rewards; pick opponents of new games;
+    start(): wait for the first parameters
+    while envs run: serve(wait_requests()): complete step t-1 with its rewards; pick opponents of new games;
                     act on step t (latest policy, then past versions for their agents); reply;
                     ship full segments round-robin to learners; pull newer parameters
 
@@ -26,11 +27,13 @@ import torch
 from hpc_rl.algo.rewards import shape_rewards
 from hpc_rl.config import TrainConfig
 from hpc_rl.data.batch import SegmentSchema, policy_step_fields
+from hpc_rl.envs.api import EnvSpec
 from hpc_rl.evaluation import policy_from_checkpoint
 from hpc_rl.league.pool import LATEST, OpponentPool
 from hpc_rl.model.device import select_device, to_device
 from hpc_rl.model.policy import Policy, PolicyStep, act, hero_indices
-from hpc_rl.roles.common import ControlLink, patiently, seed_for
+from hpc_rl.roles.common import patiently, seed_for
+from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.protocol import TAG_POOL, TAG_POOL_RESULT, decode_parameters, reply_layout, request_layout
 from hpc_rl.storage import load_checkpoint
 from hpc_rl.storage.checkpoint import checkpoint_name
@@ -70,12 +73,12 @@ class PastPolicies:
 
 
 class InferenceWorker:
-    def __init__(self, config: TrainConfig, env_ranks: list[int], exchange: StepExchange,
+    def __init__(self, config: TrainConfig, spec: EnvSpec, env_ranks: list[int], exchange: StepExchange,
                  rings: list[ExperienceRing], params: ParameterChannel, link: ControlLink):
         self.config = config
         self.env_ranks = env_ranks
         self.exchange, self.rings, self.params, self.link = exchange, rings, params, link
-        self.spec = config.env.make(num_envs=1).spec
+        self.spec = spec
         self.device = select_device("auto", local_rank())
         self.policy = Policy(self.spec, config.model).to(self.device)
         self.policy.eval()
@@ -179,27 +182,35 @@ class InferenceWorker:
         return weights
 
     def run(self) -> None:
+        self.start()
+        while self.live:
+            self.serve(self._wait_requests(self.live))
+
+    def start(self) -> None:
+        """Wait for the learners' first parameters."""
         self._pull_parameters(wait=True)
-        live = set(self.env_ranks)
-        started = time.monotonic()
-        while live:
-            requests = self._wait_requests(live)
-            messages = {e: self.requests.unpack(p) for e, p in requests.items()}
-            for e, m in messages.items():
-                if m["stop"][0]:
-                    live.discard(e)
-            active = [e for e in sorted(messages) if e in live]
-            if active:
-                self._step(active, {e: messages[e] for e in active})
-            self._pull_parameters(wait=False)
-            if self.results:
-                self.link.send(self.results, TAG_POOL_RESULT)
-                self.results = []
-            self.link.beat({"segments": self.segments, "samples": self.samples, "version": self.version,
-                            "past_games": self.past_games,
-                            "mean_batch": self.batch_agents / max(self.batches, 1),
-                            "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
-                            "seconds": time.monotonic() - started})
+        self.live = set(self.env_ranks)
+        self.started = time.monotonic()
+
+    def serve(self, requests: dict[int, np.ndarray]) -> None:
+        """Take newer parameters if the learners published some, then act on one request of each env rank in
+        ``requests`` in one batch, reply and ship full segments."""
+        self._pull_parameters(wait=False)
+        messages = {e: self.requests.unpack(p) for e, p in requests.items()}
+        for e, m in messages.items():
+            if m["stop"][0]:
+                self.live.discard(e)
+        active = [e for e in sorted(messages) if e in self.live]
+        if active:
+            self._step(active, {e: messages[e] for e in active})
+        if self.results:
+            self.link.send(self.results, TAG_POOL_RESULT)
+            self.results = []
+        self.link.beat({"segments": self.segments, "samples": self.samples, "version": self.version,
+                        "past_games": self.past_games,
+                        "mean_batch": self.batch_agents / max(self.batches, 1),
+                        "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
+                        "seconds": time.monotonic() - self.started})
 
     def _wait_requests(self, env_ranks: set[int]) -> dict[int, np.ndarray]:
         """One request from every live env rank; beats while waiting; names a silent env rank past the deadline."""

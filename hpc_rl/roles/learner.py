@@ -21,15 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from mpi4py import MPI
-
 from hpc_rl.algo.learner import Learner
-from hpc_rl.config import TrainConfig
+from hpc_rl.config import PipelineConfig, TrainConfig
 from hpc_rl.data.batch import Batch, SegmentError, SegmentSchema, validate
+from hpc_rl.envs.api import EnvSpec
 from hpc_rl.model.device import select_device
 from hpc_rl.model.policy import Policy
-from hpc_rl.roles.allreduce import make_allreduce
-from hpc_rl.roles.common import Backoff, ControlLink
+from hpc_rl.roles.allreduce import Allreduce
+from hpc_rl.roles.common import Backoff
+from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.protocol import TAG_CHECKPOINT, TAG_DONE, TAG_HALT, TAG_METRICS, TAG_STOP, encode_parameters
 from hpc_rl.topology import local_rank
 from hpc_rl.transport import ExperienceRing, ParameterChannel
@@ -39,25 +39,84 @@ STALENESS_BINS = 16  # histogram of staleness 0..15, the last bin counts 15 and 
 
 
 @dataclass
-class _Held:
+class Held:
     batch: Batch
     ids: tuple[int, int, int]  # (inference rank, env rank, segment number)
     queued: bool = True  # still in the staleness queue
     uses: int = 0
 
 
+class SegmentStore:
+    """A learner's segments between its ring and its updates, in arrival order.
+
+    - OpenAI Five's staleness ablation: the newest ``staleness_queue × segments_per_batch`` segments wait in a FIFO,
+      so each is trained on about ``staleness_queue`` versions after it arrived.
+    - A bound: beyond the queue at most ``buffer_batches`` batches are held; when producers outpace the learners the
+      oldest are dropped (``evicted_ids`` counts those never trained on), which bounds staleness.
+    - Reuse: a segment feeds at most ceil(target_reuse) updates; a batch takes the least used first, among equals the
+      oldest, so with a target of 1 segments are trained on in arrival order and none waits behind newer ones.
+    """
+
+    def __init__(self, pipeline: PipelineConfig):
+        self.per_batch = pipeline.segments_per_batch
+        self.queue_capacity = pipeline.staleness_queue * pipeline.segments_per_batch
+        self.limit = pipeline.buffer_batches * pipeline.segments_per_batch + self.queue_capacity
+        self.max_uses = math.ceil(pipeline.target_reuse)
+        self.held: deque[Held] = deque()
+        self.evicted_ids: list[tuple[int, int, int]] = []
+
+    def add(self, batches: list[Held]) -> None:
+        """New segments: the oldest queued ones leave the queue beyond its capacity; the oldest held ones are
+        dropped beyond the bound."""
+        self.held.extend(batches)
+        queued = [h for h in self.held if h.queued]
+        for h in queued[:max(0, len(queued) - self.queue_capacity)]:
+            h.queued = False
+        while len(self.held) > self.limit:
+            evicted = self.held.popleft()
+            if evicted.uses == 0:
+                self.evicted_ids.append(evicted.ids)
+
+    def choose(self) -> list[Held]:
+        """The next batch's segments (fewer than ``segments_per_batch`` when not enough are available)."""
+        available = [h for h in self.held if not h.queued and h.uses < self.max_uses]
+        order = sorted(range(len(available)), key=lambda i: (available[i].uses, i))
+        return [available[i] for i in order[:self.per_batch]]
+
+    def unused_ids(self) -> list[tuple[int, int, int]]:
+        """Segments never trained on: dropped from the bound or still held."""
+        return self.evicted_ids + [h.ids for h in self.held if h.uses == 0]
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+
+# The lockstep control vector: every learner contributes its entries, the allreduced sum decides for all of them.
+CONTROL = ("not_ready", "stop_version", "produced", "consumed", "next_batch", "rejected")
+
+
+def may_update(control: dict[str, float], epochs: int, target_reuse: float) -> bool:
+    """Whether the learners update now, from the summed control vector: every learner has a batch, samples were
+    produced, and the update (which consumes the next batch once per PPO epoch) keeps consumed / produced at or
+    below ``target_reuse``."""
+    projected = control["consumed"] + control["next_batch"] * epochs
+    return (control["not_ready"] == 0 and control["produced"] > 0
+            and projected <= target_reuse * control["produced"] + 1e-6)
+
+
 class LearnerWorker:
-    def __init__(self, config: TrainConfig, learner_comm: MPI.Comm, ring: ExperienceRing, params: ParameterChannel,
-                 link: ControlLink, resume: tuple[int, dict] | None):
+    def __init__(self, config: TrainConfig, spec: EnvSpec, allreduce: Allreduce, ring: ExperienceRing,
+                 params: ParameterChannel, link: ControlLink, resume: tuple[int, dict] | None):
+        """``allreduce`` sums over the learners (``make_allreduce`` on their communicator; ``SingleAllreduce`` for
+        the one learner of a run in one process)."""
         self.config = config
-        self.comm = learner_comm
-        self.index = learner_comm.Get_rank()
+        self.allreduce = allreduce
+        self.index = allreduce.rank
         self.ring, self.params, self.link = ring, params, link
-        self.spec = config.env.make(num_envs=1).spec
+        self.spec = spec
         self.device = select_device("auto", local_rank())
         torch.manual_seed(config.seed)
         self.policy = Policy(self.spec, config.model).to(self.device)
-        self.allreduce = make_allreduce(config.pipeline.allreduce, learner_comm)
         self.learner = Learner(self.policy, config.ppo, allreduce_sum=self.allreduce.sum,
                                world_size=self.allreduce.size, device=self.device, seed=config.seed + self.index)
         if resume is not None:
@@ -67,7 +126,7 @@ class LearnerWorker:
         self.schema = SegmentSchema(self.spec, config.env.num_envs * self.spec.num_agents,
                                     config.pipeline.segment_len, config.model.chunk_len, config.model.lstm_size,
                                     config.transport.fp16_observations)
-        self.held: deque[_Held] = deque()
+        self.store = SegmentStore(config.pipeline)
         self.produced = 0.0  # samples received by this learner
         self.consumed = 0.0  # samples used by gradient steps (every PPO epoch counts)
         self.rejected = 0
@@ -75,8 +134,10 @@ class LearnerWorker:
         self.nonfinite_streak = 0
         self.staleness_hist = np.zeros(STALENESS_BINS)
         self.consumed_ids: list[tuple[int, int, int]] = []
-        self.evicted_ids: list[tuple[int, int, int]] = []  # dropped from a full buffer before any use
         self.stop_version = 0
+        self.started = time.monotonic()
+        self.done = False
+        self.halted: str | None = None  # why the learners stopped on non-finite losses
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def sections(self) -> dict:
@@ -95,6 +156,7 @@ class LearnerWorker:
         # Segments are read in place, where the writers put them: unpack_segment copies every field into tensors
         # the batch owns, and only then are the slots handed back to the writers (one copy instead of two).
         views = self.ring.take_view()
+        arrived = []
         try:
             for seg in views:
                 try:
@@ -105,75 +167,71 @@ class LearnerWorker:
                     log.warning("segment from rank %d seq %d rejected: %s", seg.writer, seg.seq, err)
                     continue
                 self.produced += float(batch.weight.sum())
-                self.held.append(_Held(batch, (seg.writer, env_rank, seq)))
+                arrived.append(Held(batch, (seg.writer, env_rank, seq)))
         finally:
             self.ring.release(views)
-        # OpenAI Five's staleness ablation: segments pass through a FIFO holding N versions' worth of batches, so
-        # each is trained on about N versions after it arrived.
-        queued = [h for h in self.held if h.queued]
-        capacity = self.config.pipeline.staleness_queue * self.config.pipeline.segments_per_batch
-        for h in queued[:max(0, len(queued) - capacity)]:
-            h.queued = False
-        limit = self.config.pipeline.buffer_batches * self.config.pipeline.segments_per_batch + capacity
-        while len(self.held) > limit:
-            evicted = self.held.popleft()
-            if evicted.uses == 0:
-                self.evicted_ids.append(evicted.ids)
+        self.store.add(arrived)
 
-    def _available(self) -> list[_Held]:
-        """Segments out of the staleness queue and used fewer than ceil(target_reuse) times (with a target of 1,
-        each segment feeds exactly one update)."""
-        max_uses = math.ceil(self.config.pipeline.target_reuse)
-        return [h for h in self.held if not h.queued and h.uses < max_uses]
-
-    def _control(self, ready: bool, batch_samples: float) -> np.ndarray:
-        """Sum over learners of: not ready, the requested stop version (learner 0 hears the controller), samples
-        produced, consumed and in the next batch, rejected segments."""
+    def _control(self, ready: bool, batch_samples: float) -> dict[str, float]:
+        """The control vector (``CONTROL``) summed over learners; learner 0 contributes the stop version the
+        controller asked for."""
         stop = self.link.receive(TAG_STOP) if self.index == 0 else None
         if stop is not None:
             self.stop_version = int(stop)
-        local = torch.tensor([0.0 if ready else 1.0, float(self.stop_version), self.produced, self.consumed,
-                              batch_samples, float(self.rejected)], dtype=torch.float64)
-        return self.allreduce.sum(local).numpy()
+        local = {"not_ready": 0.0 if ready else 1.0, "stop_version": float(self.stop_version),
+                 "produced": self.produced, "consumed": self.consumed, "next_batch": batch_samples,
+                 "rejected": float(self.rejected)}
+        summed = self.allreduce.sum(torch.tensor([local[k] for k in CONTROL], dtype=torch.float64)).numpy()
+        return dict(zip(CONTROL, summed.tolist()))
 
     def run(self) -> int:
-        cfg = self.config.pipeline
-        k = cfg.segments_per_batch
-        epochs = self.config.ppo.epochs
-        if self.index == 0:
-            self.publish()
+        """Under MPI: train until the last version, waiting with backoff while no update can be made."""
+        self.start()
         backoff = Backoff(self.config.transport.poll)
-        started = time.monotonic()
-        while True:
-            self._take_segments()
-            chosen = self._choose(k)
-            batch_samples = sum(float(h.batch.weight.sum()) for h in chosen)
-            not_ready, stop_version, produced, consumed, next_batch, rejected = self._control(
-                len(chosen) == k, batch_samples)
-            if self.learner.version >= cfg.max_versions or (stop_version and self.learner.version >= stop_version):
-                break
-            # Throttle on sample reuse: the update would consume the next batch once per PPO epoch.
-            projected = consumed + next_batch * epochs
-            self.link.beat(self._stats(started))
-            if not_ready or produced <= 0 or projected > cfg.target_reuse * produced + 1e-6:
+        while not self.done:
+            if self.halted is not None:
+                self._await_abort()
+            if self.step():
+                backoff.reset()
+            else:
                 backoff.wait()
-                continue
-            backoff.reset()
-            self._update(chosen, epochs, produced, projected, rejected, started)
-        if self.index == 0:
-            self.link.send(self.learner.version, TAG_DONE)
-        self.link.beat(self._stats(started), force=True)
         return self.learner.version
 
-    def _choose(self, k: int) -> list[_Held]:
-        """The next batch's segments: fewest uses first, among equals the oldest (``held`` is in arrival order), so
-        with a target reuse of 1 segments are trained on in arrival order and none waits behind newer ones."""
-        available = self._available()
-        order = sorted(range(len(available)), key=lambda i: (available[i].uses, i))
-        return [available[i] for i in order[:k]]
+    def start(self) -> None:
+        if self.index == 0:
+            self.publish()
+        self.started = time.monotonic()
 
-    def _update(self, chosen: list[_Held], epochs: int, produced: float, consumed_after: float, rejected: float,
-                started: float) -> None:
+    def step(self) -> bool:
+        """Take the segments that arrived and, if every learner has a batch and the reuse throttle allows it, make
+        one update together (the decision is the allreduced control vector's, so every learner takes the same one).
+        True if an update was made; ``done`` once the last version is reached."""
+        if self.done or self.halted is not None:
+            return False
+        cfg = self.config.pipeline
+        epochs = self.config.ppo.epochs
+        self._take_segments()
+        chosen = self.store.choose()
+        control = self._control(len(chosen) == cfg.segments_per_batch,
+                                sum(float(h.batch.weight.sum()) for h in chosen))
+        stop = control["stop_version"]
+        if self.learner.version >= cfg.max_versions or (stop and self.learner.version >= stop):
+            self._finish()
+            return False
+        self.link.beat(self._stats())
+        if not may_update(control, epochs, cfg.target_reuse):
+            return False
+        self._update(chosen, epochs, control)
+        return True
+
+    def _finish(self) -> None:
+        self.done = True
+        if self.index == 0:
+            self.link.send(self.learner.version, TAG_DONE)
+        self.link.beat(self._stats(), force=True)
+
+    def _update(self, chosen: list[Held], epochs: int, control: dict[str, float]) -> None:
+        consumed_after = control["consumed"] + control["next_batch"] * epochs
         batch = self.schema.concat([h.batch for h in chosen])
         for h in chosen:
             h.uses += 1
@@ -200,13 +258,13 @@ class LearnerWorker:
                 self.publish()
             metrics.update({
                 "data/staleness_mean": global_stale[-4] / max(global_stale[-3], 1.0),
-                "data/reuse": consumed_after / max(produced, 1.0),
-                "data/rejected_segments": rejected,
-                "perf/learner_samples_per_s": (consumed_after / epochs) / max(time.monotonic() - started, 1e-9),
-                "perf/buffer_segments": float(len(self.held)),
+                "data/reuse": consumed_after / max(control["produced"], 1.0),
+                "data/rejected_segments": control["rejected"],
+                "perf/learner_samples_per_s": (consumed_after / epochs) / max(time.monotonic() - self.started, 1e-9),
+                "perf/buffer_segments": float(len(self.store)),
                 # fraction of ring slots READY (put, not yet taken), over every learner's polls since the last update
                 "perf/ring_occupancy": global_stale[-2] / max(global_stale[-1], 1.0),
-                "data/dropped_segments": float(len(self.evicted_ids)),  # learner 0's, since the start
+                "data/dropped_segments": float(len(self.store.evicted_ids)),  # learner 0's, since the start
             })
             for b in range(STALENESS_BINS):
                 metrics[f"data/staleness_hist/{b:02d}"] = float(global_stale[b])
@@ -220,20 +278,23 @@ class LearnerWorker:
 
     def _halt(self, version: int) -> None:
         """After ``max_nonfinite`` skipped updates in a row: learner 0 tells the controller, which writes the
-        metrics (this version's included) and status, then aborts the job. Every learner waits for that abort,
-        beating, instead of raising: an exception here would abort the job before the controller has written what
-        happened. If the controller does not end the job within ``heartbeat_timeout_s``, the learner raises."""
-        message = (f"non-finite halt at version {version}: {self.nonfinite_streak} updates in a row had non-finite "
-                   f"losses (pipeline.max_nonfinite={self.config.pipeline.max_nonfinite}); they were skipped on "
-                   "every learner and none of them was checkpointed")
-        log.error(message)
+        metrics (this version's included) and status, then ends the run. The learners make no more updates."""
+        self.halted = (f"non-finite halt at version {version}: {self.nonfinite_streak} updates in a row had "
+                       f"non-finite losses (pipeline.max_nonfinite={self.config.pipeline.max_nonfinite}); they were "
+                       "skipped on every learner and none of them was checkpointed")
+        log.error(self.halted)
         if self.index == 0:
-            self.link.send(message, TAG_HALT)
+            self.link.send(self.halted, TAG_HALT)
+
+    def _await_abort(self) -> None:
+        """Under MPI every learner waits for the controller's abort, beating, instead of raising: an exception here
+        would abort the job before the controller has written what happened. If the controller does not end the
+        job within ``heartbeat_timeout_s``, the learner raises."""
         deadline = time.monotonic() + self.config.pipeline.heartbeat_timeout_s
         while time.monotonic() < deadline:
             self.link.beat()
             time.sleep(0.1)
-        raise FloatingPointError(f"{message}; the controller did not end the job")
+        raise FloatingPointError(f"{self.halted}; the controller did not end the job")
 
     def final_checkpoint(self) -> None:
         """Learner 0 ships the last version's state (the controller commits it unless already committed)."""
@@ -243,8 +304,8 @@ class LearnerWorker:
     def drain(self) -> list[tuple[int, int, int]]:
         """Segments never trained on: left at the stop or evicted from a full buffer (exactly-once accounting)."""
         self._take_segments()
-        return self.evicted_ids + [h.ids for h in self.held if h.uses == 0]
+        return self.store.unused_ids()
 
-    def _stats(self, started: float) -> dict:
+    def _stats(self) -> dict:
         return {"version": self.learner.version, "produced": self.produced, "consumed": self.consumed,
-                "held": len(self.held), "seconds": time.monotonic() - started}
+                "held": len(self.store), "seconds": time.monotonic() - self.started}

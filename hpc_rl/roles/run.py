@@ -19,16 +19,18 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from hpc_rl.config import TrainConfig, to_yaml
+from hpc_rl.config import TrainConfig
 from hpc_rl.data.batch import SegmentSchema
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.policy import Policy
-from hpc_rl.roles.common import Backoff, ControlLink, StopFlag, setup_logging
-from hpc_rl.roles.controller import Controller
+from hpc_rl.roles.allreduce import make_allreduce
+from hpc_rl.roles.common import Backoff, StopFlag, setup_logging
+from hpc_rl.roles.control import ControlLink, MpiControl
+from hpc_rl.roles.controller import Controller, open_run_dir
 from hpc_rl.roles.env_worker import EnvWorker
 from hpc_rl.roles.protocol import (CONTROLLER, TAG_ACCOUNTING, TAG_RESUME, parameter_bytes, reply_layout,
                                    request_layout)
-from hpc_rl.storage import load_latest, write_meta
+from hpc_rl.storage import write_meta
 from hpc_rl.topology import Role, Topology
 from hpc_rl.transport import RingConfig, Transport
 
@@ -66,23 +68,15 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     # The controller decides where to resume from; learners get the state, env ranks the version (for seeding).
     resume = None
     if rank == CONTROLLER:
-        run_dir.mkdir(parents=True, exist_ok=True)
         log = setup_logging(run_dir, rank, "controller")
-        (run_dir / "config.yaml").write_text(to_yaml(config))
-        resume = load_latest(run_dir / "checkpoints", config.config_hash())
-        if resume is not None:
-            print(f"resuming {run_dir} from version {resume.version} ({resume.path.name})", flush=True)
-        else:
-            # One short line appended per new run (O_APPEND: concurrent sweep members do not interleave on a local
-            # or Lustre/GPFS filesystem).
-            with open(Path(config.runs_dir) / "index.tsv", "a") as index:
-                index.write(f"{config.run_name}\t{' '.join(overrides)}\n")
+        resume = open_run_dir(config, overrides)
     resume_version = comm.bcast(resume.version if resume is not None else -1, root=CONTROLLER)
     learner_ranks = topology.ranks(Role.LEARNER)
     if rank == CONTROLLER and resume is not None:
         for r in learner_ranks:
             control.send(resume.sections, dest=r, tag=TAG_RESUME)
-    learner_state = control.recv(source=CONTROLLER, tag=TAG_RESUME) if resume_version >= 0 and rank in learner_ranks else None
+    learner_state = (control.recv(source=CONTROLLER, tag=TAG_RESUME) if resume_version >= 0 and rank in learner_ranks
+                     else None)
 
     transport = Transport(comm, config.transport)
     spec = config.env.make(num_envs=1).spec
@@ -95,10 +89,12 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     ring_config = RingConfig(slots=config.pipeline.ring_slots, slot_bytes=segment_bytes,
                              full_policy=config.pipeline.full_policy)
     rings = [transport.experience_ring(owner=r, ring=ring_config) for r in learner_ranks]
-    params = transport.parameter_channel(publisher=learner_ranks[0], max_bytes=parameter_bytes(Policy(spec, config.model)))
+    params = transport.parameter_channel(publisher=learner_ranks[0],
+                                         max_bytes=parameter_bytes(Policy(spec, config.model)))
     steps = transport.step_exchange(clients, request_layout(spec, n, fp16).nbytes, reply_layout(spec, n).nbytes)
     learner_comm = comm.Split(color=1 if placement.role is Role.LEARNER else MPI.UNDEFINED, key=rank)
-    link = ControlLink(control, config.pipeline.heartbeat_s)
+    endpoint = MpiControl(control)
+    link = ControlLink(endpoint, config.pipeline.heartbeat_s)
     log.info("rank %d: pid %d, %s, transport %s, resume version %d", rank, os.getpid(), placement.role.value,
              transport.backend, resume_version)
 
@@ -107,19 +103,21 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     if placement.role is Role.CONTROLLER:
         write_meta(run_dir, world_size=comm.Get_size(), roles=topology.role_map(), transport=transport.meta(),
                    config_hash=config.config_hash(), resumed_from=resume_version)
-        controller = Controller(config, topology, control, run_dir, resume_version, stop_flag)
+        controller = Controller(config, topology, endpoint, run_dir, resume_version, stop_flag)
         result = controller.run()
     elif placement.role is Role.ENV:
         EnvWorker(config, rank, placement.index, steps, link, max(resume_version, 0)).run()
     elif placement.role is Role.INFERENCE:
         from hpc_rl.roles.inference import InferenceWorker
 
-        inference = InferenceWorker(config, topology.envs_for_inference(placement.index), steps, rings, params, link)
+        inference = InferenceWorker(config, spec, topology.envs_for_inference(placement.index), steps, rings, params,
+                                    link)
         inference.run()
     elif placement.role is Role.LEARNER:
         from hpc_rl.roles.learner import LearnerWorker
 
-        learner = LearnerWorker(config, learner_comm, rings[placement.index], params, link,
+        learner = LearnerWorker(config, spec, make_allreduce(config.pipeline.allreduce, learner_comm),
+                                rings[placement.index], params, link,
                                 (resume_version, learner_state) if learner_state is not None else None)
         learner.run()
         learner.final_checkpoint()

@@ -8,20 +8,22 @@ the largest parameter difference between the learners and between learner 0 and 
 import copy
 import json
 import sys
+import tempfile
 
 import torch
 from mpi4py import MPI
 
+from hpc_rl.algo.config import PPOConfig
+from hpc_rl.algo.learner import Learner
 from hpc_rl.algo.schedules import Schedule
-from hpc_rl.envs.moba import MobaConfig, MobaEnv
+from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
+from hpc_rl.data.batch import Batch
+from hpc_rl.envs.moba import MobaConfig
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.policy import Policy
 from hpc_rl.roles.allreduce import make_allreduce
-from hpc_rl.algo.config import PPOConfig
-from hpc_rl.algo.learner import Learner
-from hpc_rl.data.batch import Batch
-from hpc_rl.runner import RunnerConfig, SerialRunner
+from hpc_rl.runner import SerialRunner
 
 set_torch_threads()
 comm = MPI.COMM_WORLD
@@ -33,8 +35,8 @@ ppo = PPOConfig(lr=Schedule(1e-3, kind="constant"), entropy_coef=Schedule(0.01, 
 
 batch = None
 if comm.Get_rank() == 0:
-    runner = SerialRunner(MobaEnv(MobaConfig(), 4), RunnerConfig(num_envs=4, segment_len=32, log_every=0),
-                          ppo, model)
+    runner = SerialRunner(TrainConfig(runs_dir=tempfile.mkdtemp(), env=EnvConfig(num_envs=4, moba=MobaConfig()),
+                                      model=model, ppo=ppo, pipeline=PipelineConfig(segment_len=32)))
     batch = runner.collect()
 batch = comm.bcast(batch, root=0)
 

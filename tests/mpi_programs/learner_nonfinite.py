@@ -7,25 +7,27 @@ updates, whether its parameters changed in the poisoned update, and whether they
 
 import copy
 import json
+import tempfile
 
 import torch
 from mpi4py import MPI
 
+from hpc_rl.algo.config import PPOConfig
+from hpc_rl.algo.learner import Learner
 from hpc_rl.algo.schedules import Schedule
-from hpc_rl.envs.gym_adapter import GymVecEnv
+from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.roles.allreduce import MpiAllreduce
-from hpc_rl.algo.config import PPOConfig
-from hpc_rl.algo.learner import Learner
-from hpc_rl.runner import RunnerConfig, SerialRunner
+from hpc_rl.runner import SerialRunner
 
 set_torch_threads()
 comm = MPI.COMM_WORLD
 model = ModelConfig(lstm_size=16, embed_size=16)
 ppo = PPOConfig(lr=Schedule(1e-3, kind="constant"), epochs=2, num_minibatches=2)
 torch.manual_seed(0)
-runner = SerialRunner(GymVecEnv("CartPole-v1", 4), RunnerConfig(num_envs=4, segment_len=32, log_every=0), ppo, model)
+runner = SerialRunner(TrainConfig(runs_dir=tempfile.mkdtemp(), env=EnvConfig(name="gym:CartPole-v1", num_envs=4),
+                                  model=model, ppo=ppo, pipeline=PipelineConfig(segment_len=32)))
 batch = comm.bcast(runner.collect() if comm.Get_rank() == 0 else None, root=0)
 learner = Learner(runner.policy, ppo, allreduce_sum=MpiAllreduce(comm).sum, world_size=2)
 params = lambda: torch.cat([p.detach().flatten() for p in runner.policy.parameters()])  # noqa: E731
