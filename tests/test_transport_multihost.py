@@ -237,7 +237,7 @@ def _check_ring(r: dict) -> None:
     assert r["bad_payloads"] == 0
 
 
-RING = ["tests/mpi_programs/transport_ring.py", "auto", "4", "20", "block", "0.005", "16384"]
+RING = ["tests/mpi_programs/transport_channels.py", "ring", "auto", "4", "20", "block", "0.005", "16384"]
 
 
 @pytest.mark.parametrize("config", ["default", "pt2pt"])
@@ -254,7 +254,7 @@ def test_ring_exactly_once_across_slurm_hosts(hosts, config):
 @pytest.mark.parametrize("config", ["default", "pt2pt"])
 def test_parameter_channel_across_slurm_hosts(hosts, config):
     backend = "twosided" if config == "default" else "rma"
-    argv = ["tests/mpi_programs/transport_params.py", "auto", "2", "8192"]
+    argv = ["tests/mpi_programs/transport_channels.py", "params", "auto", "2", "8192"]
     r, meta = hosts.sbatch(argv + ([] if config == "default" else ["assisted"]),
                            {} if config == "default" else PT2PT, timeout=180)
     assert r["backend"] == backend

@@ -1,14 +1,19 @@
-"""Transport: moves byte buffers with headers between MPI ranks. Knows no policy, no learning.
+"""Transport: moves byte buffers with headers between MPI ranks, or between ranks in one process. Knows no policy,
+no learning.
 
-Three channels, one interface each (``channels.py``), two backends (``rma.py``: passive-target windows, the
-default; ``twosided.py``: ``Isend``/``Irecv`` polled with ``Test``), chosen by ``TransportConfig.backend`` and a
-start-up probe (``probe.py``)::
+Three channels, one interface each (``channels.py``), three backends: two over MPI (``rma.py``: passive-target
+windows, the default; ``twosided.py``: ``Isend``/``Irecv`` polled with ``Test``), chosen by
+``TransportConfig.backend`` and a start-up probe (``probe.py``), and ``local.py`` for ranks that live in one
+process (threads, or roles stepped by one thread) with no MPI at all::
 
     transport = Transport(comm, TransportConfig())          # collective; runs the probe
     steps  = transport.step_exchange({env: inference, ...}, request_bytes, reply_bytes)
     ring   = transport.experience_ring(owner=learner, ring=RingConfig(slots=8, slot_bytes=segment_bytes))
     params = transport.parameter_channel(publisher=learner0, max_bytes=param_bytes)
     meta["transport"] = transport.meta()                     # backend and probe result, for meta.json
+
+    world = LocalWorld(4)                                    # or: 4 ranks of this process, the same channels
+    transport = Transport(world.comm(rank), TransportConfig(backend="local"))
 
 The protocol, in short (``docs/transport.md`` is the full specification: window layouts, header words, state
 machines, which MPI call guarantees what):
@@ -27,6 +32,8 @@ machines, which MPI call guarantees what):
   READY slots in place (``take_view``/``release``) or copies them out (``poll``). The ring's MPI calls (a
   writer's batch, an owner's take and free) are issued from C, by ``_ring.c``. Parameters: a double buffer under
   a seqlock.
+- Local: each channel's state is shared by its ranks under one lock; payloads are copied in, the ring lends
+  read-only views of its slots, creation matches the ranks' channels by their order without waiting.
 - Every wait polls with backoff under a deadline (``wait.py``) and raises ``TransportTimeout`` naming the peer
   rank and the channel.
 """
@@ -36,9 +43,11 @@ from __future__ import annotations
 import importlib
 
 # Names are loaded on first use (PEP 562): importing the configuration (``hpc_rl.transport.config``) must not import
-# mpi4py.MPI, which initialises MPI; a process that only builds configs (a Hydra sweep's submitter) stays MPI-free.
+# mpi4py.MPI, which initialises MPI; a process that only builds configs (a Hydra sweep's submitter), or only uses
+# the local backend, stays MPI-free.
 _EXPORTS = {
     "ArrayLayout": "layout", "checksum": "layout", "step_reply_layout": "layout", "step_request_layout": "layout",
+    "LocalWorld": "local",
     "ExperienceRing": "channels", "ParameterChannel": "channels", "Segment": "channels", "StepExchange": "channels",
     "PollConfig": "config", "RingConfig": "config", "TransportConfig": "config",
     "ProbeResult": "probe", "probe_backend": "probe",

@@ -1,10 +1,11 @@
-"""The three channels' interfaces. Each backend (``rma``, ``twosided``) implements all three.
+"""The three channels' interfaces. Each backend (``rma``, ``twosided``, ``local``) implements all three.
 
 Channels are created collectively: every rank of the communicator constructs the channel with the same arguments
-(ranks that take no part pass through; window creation and ``Dup`` are collective), and every rank calls
-``close()`` collectively at the end. Payloads are C-contiguous numpy arrays (any dtype; they travel as bytes);
-what a channel returns is a private uint8 copy the caller may keep, except the ring's ``take_view()``, which lends
-read-only views into the ring's own memory until ``release()``.
+(ranks that take no part pass through; window creation and ``Dup`` are collective, and the local backend matches
+its ranks' creations by their order), and every rank calls ``close()`` collectively at the end. Payloads are
+C-contiguous numpy arrays (any dtype; they travel as bytes); what a channel returns is a private uint8 copy the
+caller may keep, except the ring's ``take_view()``, which lends read-only views into the ring's own memory until
+``release()``.
 """
 
 from __future__ import annotations
@@ -147,15 +148,7 @@ class ExperienceRing(ABC):
     def __init__(self, comm, owner: int, config):
         if not 0 <= owner < comm.Get_size():
             raise ValueError(f"ring owner {owner} outside the communicator of size {comm.Get_size()}")
-        # Every rank must build the ring alike: the owner frees slots by the policy the writers follow (under
-        # `block` it stores FREE without checking for a steal) and checks the checksums they send. Every rank sees
-        # the same gathered list, so every rank raises the same error.
-        views = comm.allgather((owner, config))
-        for rank, view in enumerate(views):
-            if view != views[0]:
-                raise ValueError(f"ring created differently on rank {rank} (owner {view[0]}, {view[1]}) and on rank 0 "
-                                 f"(owner {views[0][0]}, {views[0][1]}): every rank must pass the same owner and "
-                                 f"RingConfig")
+        self._check_same_on_every_rank(comm, owner, config)
         self.comm = comm
         self.rank = comm.Get_rank()
         self.owner = owner
@@ -164,6 +157,17 @@ class ExperienceRing(ABC):
         self.drops: list[tuple[int, int]] = []
         self.lost_races = 0  # owner: copies discarded because a drop_oldest writer took the slot mid-copy
         self.blocked_puts = 0  # writer: puts that found the ring full and waited (block policy)
+
+    def _check_same_on_every_rank(self, comm, owner: int, config) -> None:
+        """Collective: every rank must build the ring alike. The owner frees slots by the policy the writers follow
+        (under `block` it stores FREE without checking for a steal) and checks the checksums they send. Every rank
+        sees the same gathered list, so every rank raises the same error."""
+        views = comm.allgather((owner, config))
+        for rank, view in enumerate(views):
+            if view != views[0]:
+                raise ValueError(f"ring created differently on rank {rank} (owner {view[0]}, {view[1]}) and on rank 0 "
+                                 f"(owner {views[0][0]}, {views[0][1]}): every rank must pass the same owner and "
+                                 f"RingConfig")
 
     @property
     def is_owner(self) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-BACKENDS = ("auto", "rma", "twosided")
+BACKENDS = ("auto", "rma", "twosided", "local")
 FULL_POLICIES = ("block", "drop_oldest")
 
 
@@ -37,7 +37,9 @@ class PollConfig:
 class TransportConfig:
     """Backend choice and the deadline after which a silent peer is an error."""
 
-    backend: str = "auto"  # "auto": probe RMA at start-up and fall back to two-sided; "rma" / "twosided": forced
+    backend: str = "auto"  # "auto": probe RMA at start-up and fall back to two-sided; "rma" / "twosided": forced;
+    #   "local": ranks that are threads (or roles stepped by one thread) of one process, on a LocalWorld's
+    #   communicators, with no MPI at all (local.py)
     timeout_s: float = 60.0  # a wait on one peer longer than this raises TransportTimeout naming the peer
     poll: PollConfig = field(default_factory=PollConfig)  # backoff of every waiting loop
     probe_hold_s: float = 0.3  # the probe's target stays out of MPI this long; RMA must complete well within it
