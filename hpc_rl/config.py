@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_rl.algo.rewards import RewardConfig
 from hpc_rl.algo.schedules import Schedule
 from hpc_rl.envs.api import VecEnv
-from hpc_rl.envs.moba import REWARD_EVENTS, MobaConfig
+from hpc_rl.envs.moba_config import REWARD_EVENTS, MobaConfig
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.algo.config import PPOConfig
 from hpc_rl.topology import TopologyConfig

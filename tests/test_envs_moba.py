@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from hpc_rl.envs.moba import (A_ATTACK, A_NOOP, HERO_STATS, HS_VISION, IALIVE, REWARD_EVENTS, UHP, UMAXHP, UX, UY,
-                              MobaConfig, MobaEnv)
+from hpc_rl.envs import moba, moba_config
+from hpc_rl.envs.moba import HERO_STATS, HRESPAWN, HS_VISION, IALIVE, UHP, UMAXHP, UX, UY, MobaEnv
+from hpc_rl.envs.moba_config import (A_ATTACK, A_NOOP, EV_DEATH, EV_GOLD, EV_HP, EV_KILL, EV_LAST_HIT, EV_LOSS, EV_MANA,
+                                     EV_TOWER_HP, EV_WIN, EV_XP, REWARD_EVENTS, MobaConfig)
 from hpc_rl.envs.scripted import RandomBot
 
-EV = {name: i for i, name in enumerate(REWARD_EVENTS)}
 QUIET = dict(creep_wave_period=100_000, randomize_lineup=False, lineup=("marksman", "warrior"),
              random_start_level=0, random_start_gold=0.0)
 
@@ -48,6 +52,25 @@ def test_reward_weights_default_to_honor_of_kings_table_6():
     assert w == pytest.approx({"hp": 2.0, "tower_hp": 10.0, "gold": 0.008, "mana": 0.8, "death": -1.0, "kill": -0.5,
                                "xp": 0.008, "last_hit": 0.5, "win": 5.0, "loss": -5.0})
     assert MobaConfig().time_limit == 9000  # 20 minutes at 7.5 decisions per second
+
+
+def test_every_reward_event_has_the_named_column_of_its_index():
+    named = {name[3:].lower(): getattr(moba_config, name) for name in vars(moba_config) if name.startswith("EV_")}
+    assert named == {event: k for k, event in enumerate(REWARD_EVENTS)}
+
+
+def test_the_config_imports_without_numba_or_torch():
+    code = ("import sys, hpc_rl.envs.moba_config; "
+            "print(sorted(m for m in ('numba', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_kernels_compiled_with_other_shared_constants_are_refused(monkeypatch):
+    compiled = moba._compiled_shared_constants()  # compiled (or loaded from the cache) with the true values first
+    monkeypatch.setattr(moba, "_SHARED_CONSTANTS", compiled[1:] + compiled[:1])  # as after an edit of moba_config
+    with pytest.raises(RuntimeError, match="moba_config.py"):
+        MobaEnv(MobaConfig(), 1)
 
 
 @pytest.mark.parametrize("bad, field", [(dict(lanes=2), "lanes"), (dict(team_size=0), "team_size"),
@@ -89,7 +112,7 @@ def test_undisturbed_creep_wave_reaches_and_damages_the_enemy_tower():
     # It took the creeps' march (about 25 map units at 0.32 per step), not a hero: heroes stayed at their fountain.
     assert hit_at > 60
     assert np.allclose(env.uf[:, env.hero_slots, UX], env.layout.hero_spawn[:, 0])
-    assert (events[:, 1, EV["tower_hp"]] <= 0).all()
+    assert (events[:, 1, EV_TOWER_HP] <= 0).all()
 
 
 def test_tower_kills_a_lone_hero_standing_in_its_range():
@@ -103,14 +126,14 @@ def test_tower_kills_a_lone_hero_standing_in_its_range():
         if t == 1:
             place(env, 0, tx - 4.0, ty - 3.0)  # 5 units away, inside its range of 7
         _, events, _, _ = env.step(noop(env))
-        if events[0, 0, EV["death"]] == 1.0:
+        if events[0, 0, EV_DEATH] == 1.0:
             died_at = t
             break
     assert died_at is not None, "the tower did not kill the hero"
     assert env.ui[0, 0, IALIVE] == 0
     # 470 hp at 70 damage per 7 steps: 7 shots, the first at step 1.
     assert died_at == 1 + 7 * (int(np.ceil(hp0 / 70.0)) - 1)
-    assert events[0, 0, EV["kill"]] == 0 and events[0, 1, EV["kill"]] == 0  # a tower's kill credits no hero
+    assert events[0, 0, EV_KILL] == 0 and events[0, 1, EV_KILL] == 0  # a tower's kill credits no hero
 
 
 def _enemy_in_sight(env: MobaEnv, dx: float) -> tuple[np.ndarray, dict]:
@@ -155,7 +178,7 @@ def test_masks_forbid_invisible_dead_and_out_of_range_targets():
     obs, _ = _enemy_in_sight(env, 3.0)
     assert obs["target_mask"][0, 0, 1]
     env.ui[0, 1, IALIVE] = 0
-    env.hf[0, 1, 7] = 50.0  # respawn timer, so it stays dead through the step
+    env.hf[0, 1, HRESPAWN] = 50.0  # so it stays dead through the step
     obs, _ = env.step(noop(env))[:2]
     assert not obs["target_mask"][0, 0, 1] and not obs["entities/heroes/mask"][0, 0, 1]
     assert not obs["action_mask"][0, 1, 1:].any()  # a dead hero may only noop
@@ -182,8 +205,8 @@ def test_last_hit_gives_gold_and_a_last_hit_event():
     assert obs["target_mask"][0, 1, creep]
     _, events, _, _ = env.step(acts)
     assert env.ui[0, creep, IALIVE] == 0
-    assert events[0, 1, EV["last_hit"]] == 1.0 and events[0, 1, EV["gold"]] == 22.0
-    assert events[0, 0, EV["last_hit"]] == 0.0
+    assert events[0, 1, EV_LAST_HIT] == 1.0 and events[0, 1, EV_GOLD] == 22.0
+    assert events[0, 0, EV_LAST_HIT] == 0.0
 
 
 def test_time_limit_is_a_draw_and_the_copy_restarts():
@@ -193,7 +216,7 @@ def test_time_limit_is_a_draw_and_the_copy_restarts():
         obs, events, dones, infos = env.step(noop(env))
         assert dones.all() == (t == 50)
     assert (infos["winner"] == -1).all() and (infos["episode_length"] == 50).all()
-    assert not events[..., EV["win"]].any() and not events[..., EV["loss"]].any()
+    assert not events[..., EV_WIN].any() and not events[..., EV_LOSS].any()
     assert (obs["global"][..., 0] == 0.0).all()  # the observation is the first of the next game
     assert (env.gi[:, 1] == 1).all()  # game index
 
@@ -211,8 +234,27 @@ def test_destroying_the_base_wins():
     acts["action"][0, 0], acts["target"][0, 0] = A_ATTACK, base
     _, events, dones, infos = env.step(acts)
     assert dones[0] and infos["winner"][0] == 0
-    assert events[0, 0, EV["win"]] == 1.0 and events[0, 1, EV["loss"]] == 1.0
-    assert events[0, 0, EV["last_hit"]] == 1.0
+    assert events[0, 0, EV_WIN] == 1.0 and events[0, 1, EV_LOSS] == 1.0
+    assert events[0, 0, EV_LAST_HIT] == 1.0
+
+
+def test_a_hero_kill_writes_each_event_into_its_named_column():
+    env = MobaEnv(MobaConfig(**QUIET), 1)  # hero 0: marksman (range 6, 48 damage), hero 1: warrior, both level 1
+    env.reset(0)
+    _enemy_in_sight(env, 3.0)
+    env.uf[0, 1, UHP] = 10.0
+    hp1 = 10.0 / env.uf[0, 1, UMAXHP]
+    acts = noop(env)
+    acts["action"][0, 0], acts["target"][0, 0] = A_ATTACK, 1
+    _, events, _, _ = env.step(acts)
+    expected = np.zeros((2, len(REWARD_EVENTS)))
+    expected[0, EV_KILL] = 1.0
+    expected[0, EV_GOLD] = 120.0 + 10.0 * 1  # HERO_GOLD + HERO_GOLD_LVL * the victim's level
+    expected[0, EV_XP] = 70.0 + 25.0 * 1  # HERO_XP + HERO_XP_LVL * level, all of it to the only enemy near
+    expected[1, EV_DEATH] = 1.0
+    expected[1, EV_HP] = -hp1  # the drop to 0
+    expected[1, EV_MANA] = -1.0  # from full mana to 0
+    assert events[0] == pytest.approx(expected)
 
 
 def _play(env: MobaEnv, seed: int, steps: int, actions: list[dict]) -> list:
@@ -283,7 +325,7 @@ def test_assassin_dash_damages_and_stuns_its_target():
     assert gap == pytest.approx(1.0)  # dashed beside the target
     assert obs["global"][0, 1, 10] == 1.0 and obs["action_mask"][0, 1].tolist() == [True, False, False, False]
     assert not obs["action_mask"][0, 0, 3]  # the skill is on cooldown
-    assert events[0, 1, EV["hp"]] == pytest.approx((-90.0 + 0.08) / env.uf[0, 1, UMAXHP])
+    assert events[0, 1, EV_HP] == pytest.approx((-90.0 + 0.08) / env.uf[0, 1, UMAXHP])
     for _ in range(7):  # the stun lasts 8 steps
         obs = env.step(noop(env))[0]
     assert not obs["action_mask"][0, 1, 1]

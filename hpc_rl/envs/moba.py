@@ -69,25 +69,18 @@ with others, and whatever the other copies do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
-from hpc_rl.envs.api import Actions, EntitySpec, EnvSpec, Obs
+from hpc_rl.envs import moba_config
+from hpc_rl.envs.api import Actions, Obs
+from hpc_rl.envs.moba_config import (A_ATTACK, A_MOVE, A_NOOP, A_SKILL, EV_DEATH, EV_GOLD, EV_HP, EV_KILL, EV_LAST_HIT,
+                                     EV_LOSS, EV_MANA, EV_TOWER_HP, EV_WIN, EV_XP, HERO_TYPES, MAX_LEVEL, NUM_MOVES,
+                                     REWARD_EVENTS, MobaConfig)
 
 DECISIONS_PER_SECOND = 7.5  # Honor of Kings acts every 133 ms
-
-HERO_TYPES = ("warrior", "marksman", "mage", "assassin")
-ACTIONS = ("noop", "move", "attack", "skill")
-A_NOOP, A_MOVE, A_ATTACK, A_SKILL = 0, 1, 2, 3
-NUM_MOVES = 8
-REWARD_EVENTS = ("hp", "tower_hp", "gold", "mana", "death", "kill", "xp", "last_hit", "win", "loss")
-# Honor of Kings table 6 (kill -0.5 as printed there); win/loss from OpenAI Five's win reward.
-DEFAULT_REWARD_WEIGHTS = {"hp": 2.0, "tower_hp": 10.0, "gold": 0.008, "mana": 0.8, "death": -1.0, "kill": -0.5,
-                          "xp": 0.008, "last_hit": 0.5, "win": 5.0, "loss": -5.0}
-
-HERO_FEATURES, CREEP_FEATURES, TOWER_FEATURES, BASE_FEATURES, GLOBAL_FEATURES = 19, 12, 11, 9, 24
 
 # Hero stat table columns; rows follow HERO_TYPES. Time in steps, distances in map units.
 (HS_HP, HS_HP_LVL, HS_DMG, HS_DMG_LVL, HS_RANGE, HS_PERIOD, HS_SPEED, HS_VISION, HS_MANA, HS_MANA_LVL, HS_MANA_REGEN,
@@ -112,7 +105,6 @@ UNIT_STATS = np.array([
 ROW_MELEE, ROW_RANGED, ROW_TOWER, ROW_BASE = 0, 1, 2, 3
 
 # Rules constants (steps, map units, gold, xp).
-MAX_LEVEL = 15
 XP_PER_LEVEL = 120.0         # xp from level l to l+1 is XP_PER_LEVEL * l
 XP_RADIUS = 9.0              # heroes of the killing side within this radius share a death's xp
 HERO_GOLD, HERO_GOLD_LVL = 120.0, 10.0
@@ -144,97 +136,6 @@ NP = 20
 
 MOVE_DX = np.cos(np.arange(NUM_MOVES) * 2 * np.pi / NUM_MOVES)
 MOVE_DY = np.sin(np.arange(NUM_MOVES) * 2 * np.pi / NUM_MOVES)
-
-
-@dataclass(frozen=True)
-class MobaConfig:
-    """One MOBA game variant. ``MobaConfig()`` is 1v1 on one lane; ``MobaConfig.five_v_five()`` is 5v5 on three."""
-
-    team_size: int = 1  # heroes per team (one agent each)
-    lanes: int = 1  # 1 (the diagonal) or 3 (top, middle, bottom)
-    towers_per_lane: int = 2  # towers per team per lane
-    map_size: float = 64.0  # side of the square map, in map units (a hero walks ~0.4 per step)
-    creep_wave_period: int = 225  # steps between creep waves (30 s at 7.5 decisions per second)
-    wave_melee: int = 3  # melee creeps per wave per lane per team
-    wave_ranged: int = 1  # ranged creeps per wave per lane per team
-    max_waves_alive: int = 3  # creep slots per team = lanes * wave size * this; creeps finding no free slot are not
-    # spawned, which caps the units per copy (speed)
-    creep_upgrade_waves: int = 2  # creeps grow stronger every this many waves, so that games end
-    creep_upgrade: float = 0.2  # added fraction of creep hp and damage per upgrade
-    time_limit: int = 9000  # steps until a draw (20 game-minutes)
-    hero_pool: tuple[str, ...] = HERO_TYPES  # hero types lineups are drawn from
-    randomize_lineup: bool = True  # draw every hero from hero_pool each game (OpenAI Five); else use ``lineup``
-    lineup: tuple[str, ...] = ()  # hero type per hero slot when not randomised; empty = hero_pool in turn
-    random_start_level: int = 2  # starting level is 1 + uniform{0..this}
-    random_start_gold: float = 600.0  # starting gold is uniform[0, this): up to one item bought at once
-    mirrored_pairs: bool = False  # copies 2k and 2k+1 play the same draws with sides swapped (fair evaluation)
-    target_range: float = 10.0  # how far a hero may pick a target (it walks into reach)
-    reward_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_REWARD_WEIGHTS))  # per event
-
-    def __post_init__(self) -> None:
-        if self.team_size < 1:
-            raise ValueError(f"team_size must be >= 1, got {self.team_size}")
-        if self.lanes not in (1, 3):
-            raise ValueError(f"lanes must be 1 or 3, got {self.lanes}")
-        if self.towers_per_lane < 1:
-            raise ValueError(f"towers_per_lane must be >= 1, got {self.towers_per_lane}")
-        if self.map_size < 24.0:
-            raise ValueError(f"map_size must be >= 24, got {self.map_size}")
-        if self.creep_wave_period < 1:
-            raise ValueError(f"creep_wave_period must be >= 1, got {self.creep_wave_period}")
-        if self.wave_melee < 0 or self.wave_ranged < 0 or self.wave_melee + self.wave_ranged < 1:
-            raise ValueError(f"a wave needs at least one creep, got wave_melee={self.wave_melee}, "
-                             f"wave_ranged={self.wave_ranged}")
-        if self.max_waves_alive < 1:
-            raise ValueError(f"max_waves_alive must be >= 1, got {self.max_waves_alive}")
-        if self.creep_upgrade_waves < 1 or self.creep_upgrade < 0:
-            raise ValueError(f"creep_upgrade_waves must be >= 1 and creep_upgrade >= 0, got "
-                             f"{self.creep_upgrade_waves}, {self.creep_upgrade}")
-        if self.time_limit < 1:
-            raise ValueError(f"time_limit must be >= 1, got {self.time_limit}")
-        if not self.hero_pool or any(h not in HERO_TYPES for h in self.hero_pool):
-            raise ValueError(f"hero_pool must be a non-empty subset of {HERO_TYPES}, got {self.hero_pool}")
-        if self.lineup and (len(self.lineup) != 2 * self.team_size or any(h not in HERO_TYPES for h in self.lineup)):
-            raise ValueError(f"lineup must name {2 * self.team_size} heroes from {HERO_TYPES}, got {self.lineup}")
-        if self.random_start_level < 0 or self.random_start_level >= MAX_LEVEL:
-            raise ValueError(f"random_start_level must be in [0, {MAX_LEVEL}), got {self.random_start_level}")
-        if self.random_start_gold < 0:
-            raise ValueError(f"random_start_gold must be >= 0, got {self.random_start_gold}")
-        if self.target_range <= 0:
-            raise ValueError(f"target_range must be > 0, got {self.target_range}")
-        if set(self.reward_weights) != set(REWARD_EVENTS):
-            raise ValueError(f"reward_weights keys {sorted(self.reward_weights)} differ from {sorted(REWARD_EVENTS)}")
-
-    @classmethod
-    def five_v_five(cls, **overrides) -> MobaConfig:
-        """5v5 on three lanes, on a larger map."""
-        return cls(**{"team_size": 5, "lanes": 3, "map_size": 96.0, **overrides})
-
-    @property
-    def creeps_per_team(self) -> int:
-        return self.lanes * (self.wave_melee + self.wave_ranged) * self.max_waves_alive
-
-    def reward_weight_vector(self) -> np.ndarray:
-        """The weights in ``REWARD_EVENTS`` order, to dot with ``reward_events``."""
-        return np.array([self.reward_weights[k] for k in REWARD_EVENTS], dtype=np.float32)
-
-    def spec(self) -> EnvSpec:
-        heroes = 2 * self.team_size
-        return EnvSpec(
-            num_agents=heroes,
-            agent_team=tuple(a // self.team_size for a in range(heroes)),
-            global_features=GLOBAL_FEATURES,
-            num_actions=len(ACTIONS),
-            num_moves=NUM_MOVES,
-            entities=(EntitySpec("heroes", heroes, HERO_FEATURES),
-                      EntitySpec("creeps", 2 * self.creeps_per_team, CREEP_FEATURES),
-                      EntitySpec("towers", 2 * self.lanes * self.towers_per_lane, TOWER_FEATURES),
-                      EntitySpec("bases", 2, BASE_FEATURES)),
-            action_uses_move=(False, True, False, False),
-            action_uses_target=(False, False, True, True),
-            reward_events=REWARD_EVENTS,
-            learning_agents=tuple(range(heroes)),
-        )
 
 
 @dataclass
@@ -320,6 +221,17 @@ def make_layout(cfg: MobaConfig) -> MobaLayout:
 # Compiled kernels. Each loops over copies inside compiled code; per copy the work is O(units^2) with ~30 units (1v1).
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+# The kernels hold the globals they read as constants, compiled in, and numba's cache is refreshed only when this file
+# changes: after an edit of moba_config.py alone, cached kernels would write reward events into their old columns.
+# MobaEnv checks that the cached code holds the current values of moba_config's integer constants.
+_SHARED_CONSTANTS = tuple(value for name, value in vars(moba_config).items() if name.isupper() and type(value) is int)
+
+
+@njit(cache=True)
+def _compiled_shared_constants():
+    """``_SHARED_CONSTANTS`` as this file's cached kernels were compiled with them."""
+    return _SHARED_CONSTANTS
 
 
 @njit(cache=True)
@@ -524,18 +436,17 @@ def _approach(x, y, tx, ty, step, keep):
 @njit(cache=True)
 def _step_all(uf, ui, hf, gi, vis, seeds, act, mov, tgt, P, hs, us, lane_wp, tower_xy, tower_lane, tower_tier,
               base_xy, creep_spawn, hero_spawn, pool, lineup, events, dones, winners, lengths):
-    """One step of every copy: decisions on the start-of-step state, damage in queue order, deaths and bounties,
-    regeneration, levels and items, creep waves, reward events, and the end of a game (the copy restarts at once)."""
+    """One step of every copy, in phases: timers and respawns; the actions of heroes, creeps and towers, all decided
+    on the start-of-step state and queued as blows; blows, moves and stuns; deaths and bounties; regeneration, levels
+    and items; creep waves; the dense reward events; and the end of a game (the copy restarts at once) or the fog."""
     E = uf.shape[0]
-    H, C, U = int(P[P_H]), int(P[P_C]), int(P[P_U])
-    size = P[P_MAP]
-    lanes = int(P[P_LANES])
-    target_range = P[P_TARGET_RANGE]
+    H, U = int(P[P_H]), int(P[P_U])
+    # Scratch space, allocated once per call and reused by every copy.
     dist = np.empty((U, U))
     inv = np.empty(U, dtype=np.bool_)
     nx = np.empty(U)
     ny = np.empty(U)
-    cap = U * (U + 1)
+    cap = U * (U + 1)  # an attack per unit, or a skill hitting every unit
     q_src = np.empty(cap, dtype=np.int64)
     q_dst = np.empty(cap, dtype=np.int64)
     q_amt = np.empty(cap)
@@ -557,295 +468,397 @@ def _step_all(uf, ui, hf, gi, vis, seeds, act, mov, tgt, P, hs, us, lane_wp, tow
         lengths[e] = 0
         t = gi[e, GT] + 1
         gi[e, GT] = t
-        # Snapshot for the dense reward events.
-        for h in range(H):
-            was_dead[h] = ui[e, h, IALIVE] == 0
-            hp0[h] = uf[e, h, UHP] / uf[e, h, UMAXHP] if not was_dead[h] else 0.0
-            mana0[h] = hf[e, h, HMANA] / hf[e, h, HMAXMANA] if not was_dead[h] else 0.0
-        for team in range(2):
-            struct0[team] = 0.0
-        for u in range(H + C, U):
-            if ui[e, u, IALIVE] == 1:
-                struct0[ui[e, u, ITEAM]] += uf[e, u, UHP] / uf[e, u, UMAXHP]
-        # Timers and respawns.
-        for u in range(U):
-            uf[e, u, UTIMER] = max(0.0, uf[e, u, UTIMER] - 1.0)
-        for h in range(H):
-            hf[e, h, HCD] = max(0.0, hf[e, h, HCD] - 1.0)
-            hf[e, h, HSTUN] = max(0.0, hf[e, h, HSTUN] - 1.0)
-            stun_new[h] = 0.0
-            if ui[e, h, IALIVE] == 0:
-                hf[e, h, HRESPAWN] = max(0.0, hf[e, h, HRESPAWN] - 1.0)
-                if hf[e, h, HRESPAWN] <= 0.0:
-                    _respawn(uf, ui, hf, hero_spawn, e, h)
-        # Decisions are taken on the positions at the start of the step, so the order of units does not matter.
-        for u in range(U):
-            nx[u] = uf[e, u, UX]
-            ny[u] = uf[e, u, UY]
-            killed[u] = False
-            killer[u] = -1
-            dist[u, u] = 0.0
-            for v in range(u + 1, U):
-                dx = uf[e, u, UX] - uf[e, v, UX]
-                dy = uf[e, u, UY] - uf[e, v, UY]
-                d = np.sqrt(dx * dx + dy * dy)
-                dist[u, v] = d
-                dist[v, u] = d
+        _snapshot(e, uf, ui, hf, P, was_dead, hp0, mana0, struct0)
+        _tick_timers(e, uf, ui, hf, P, hero_spawn)
+        _start_positions(e, uf, P, nx, ny, dist)
         _invulnerable(e, ui, P, inv)
-        nq = 0
-        # Heroes.
-        for h in range(H):
-            if ui[e, h, IALIVE] == 0 or hf[e, h, HSTUN] > 0.0:
-                continue
-            a = act[e, h]
-            if a == A_MOVE:
-                m = mov[e, h]
-                if 0 <= m < NUM_MOVES:
-                    x = uf[e, h, UX] + np.cos(m * 2.0 * np.pi / NUM_MOVES) * uf[e, h, USPEED]
-                    y = uf[e, h, UY] + np.sin(m * 2.0 * np.pi / NUM_MOVES) * uf[e, h, USPEED]
-                    if 0.0 <= x <= size and 0.0 <= y <= size:
-                        nx[h] = x
-                        ny[h] = y
-            elif a == A_ATTACK or a == A_SKILL:
-                v = tgt[e, h]
-                if v < 0 or v >= U or not _legal_target(e, h, v, ui, vis, inv, dist[h, v], target_range):
-                    continue
-                htype = ui[e, h, ISUB]
-                if a == A_ATTACK:
-                    if dist[h, v] <= uf[e, h, URANGE]:
-                        if uf[e, h, UTIMER] <= 0.0:
-                            q_src[nq] = h
-                            q_dst[nq] = v
-                            q_amt[nq] = uf[e, h, UDMG]
-                            nq += 1
-                            uf[e, h, UTIMER] = uf[e, h, UPERIOD]
-                            if v < H:
-                                hf[e, h, HAGGRO] = t
-                    else:
-                        nx[h], ny[h] = _approach(uf[e, h, UX], uf[e, h, UY], uf[e, v, UX], uf[e, v, UY],
-                                                 uf[e, h, USPEED], uf[e, h, URANGE] * 0.9)
-                elif hf[e, h, HCD] <= 0.0 and hf[e, h, HMANA] >= hs[htype, HS_COST]:
-                    srange = hs[htype, HS_SRANGE]
-                    if dist[h, v] <= srange:
-                        sdmg = hs[htype, HS_SDMG] + hs[htype, HS_SDMG_LVL] * (hf[e, h, HLEVEL] - 1.0)
-                        radius = hs[htype, HS_RADIUS]
-                        for w in range(U):
-                            hit = w == v or (radius > 0.0 and dist[v, w] <= radius
-                                             and ui[e, w, IALIVE] == 1 and ui[e, w, ITEAM] != ui[e, h, ITEAM]
-                                             and not inv[w])
-                            if hit:
-                                q_src[nq] = h
-                                q_dst[nq] = w
-                                q_amt[nq] = sdmg
-                                nq += 1
-                                if w < H:
-                                    hf[e, h, HAGGRO] = t
-                        if v < H:
-                            stun_new[v] = max(stun_new[v], hs[htype, HS_STUN])
-                        if hs[htype, HS_DASH] > 0.0:
-                            nx[h], ny[h] = _approach(uf[e, h, UX], uf[e, h, UY], uf[e, v, UX], uf[e, v, UY],
-                                                     srange, 1.0)
-                        hf[e, h, HMANA] -= hs[htype, HS_COST]
-                        hf[e, h, HCD] = hs[htype, HS_CD]
-                    else:
-                        nx[h], ny[h] = _approach(uf[e, h, UX], uf[e, h, UY], uf[e, v, UX], uf[e, v, UY],
-                                                 uf[e, h, USPEED], srange * 0.9)
-        # Creeps: fight the nearest enemy within aggro range, else march along the lane.
-        for c in range(H, H + C):
-            if ui[e, c, IALIVE] == 0:
-                continue
-            team = ui[e, c, ITEAM]
-            best = -1
-            best_d = CREEP_AGGRO
-            for v in range(U):
-                if ui[e, v, IALIVE] == 1 and ui[e, v, ITEAM] != team and not inv[v] and dist[c, v] <= best_d:
-                    best = v
-                    best_d = dist[c, v]
-            if best >= 0:
-                if best_d <= uf[e, c, URANGE]:
-                    if uf[e, c, UTIMER] <= 0.0:
-                        q_src[nq] = c
-                        q_dst[nq] = best
-                        q_amt[nq] = uf[e, c, UDMG]
-                        nq += 1
-                        uf[e, c, UTIMER] = uf[e, c, UPERIOD]
-                else:
-                    nx[c], ny[c] = _approach(uf[e, c, UX], uf[e, c, UY], uf[e, best, UX], uf[e, best, UY],
-                                             uf[e, c, USPEED], uf[e, c, URANGE] * 0.9)
-            else:
-                lane = ui[e, c, ILANE]
-                wp = ui[e, c, IWAYPOINT]
-                wx, wy = lane_wp[lane, wp, 0], lane_wp[lane, wp, 1]
-                if _dist(uf[e, c, UX], uf[e, c, UY], wx, wy) <= uf[e, c, USPEED]:
-                    last = lane_wp.shape[1] - 1
-                    wp = min(wp + 1, last) if team == 0 else max(wp - 1, 0)
-                    ui[e, c, IWAYPOINT] = wp
-                    wx, wy = lane_wp[lane, wp, 0], lane_wp[lane, wp, 1]
-                nx[c], ny[c] = _approach(uf[e, c, UX], uf[e, c, UY], wx, wy, uf[e, c, USPEED], 0.0)
-        # Towers: first a hero in range that hit one of their heroes in the last two steps (tower aggro), then the
-        # nearest creep, then the nearest hero. Bases do not shoot.
-        for s in range(H + C, U):
-            if ui[e, s, IALIVE] == 0 or uf[e, s, UTIMER] > 0.0 or uf[e, s, UDMG] <= 0.0:
-                continue
-            team = ui[e, s, ITEAM]
-            rng_s = uf[e, s, URANGE]
-            best = -1
-            best_rank = 1e18
-            for v in range(H + C):
-                if ui[e, v, IALIVE] == 0 or ui[e, v, ITEAM] == team or dist[s, v] > rng_s:
-                    continue
-                if v < H:
-                    rank = dist[s, v] + (0.0 if hf[e, v, HAGGRO] >= t - 1 else 2000.0)
-                else:
-                    rank = dist[s, v] + 1000.0
-                if rank < best_rank:
-                    best_rank = rank
-                    best = v
-            if best >= 0:
-                q_src[nq] = s
-                q_dst[nq] = best
-                q_amt[nq] = uf[e, s, UDMG]
-                nq += 1
-                uf[e, s, UTIMER] = uf[e, s, UPERIOD]
-        # Damage lands in queue order (heroes, creeps, structures, team 0 first within each) on even steps and in
-        # the reverse order on odd steps, so that neither team wins simultaneous last hits more often. The blow that
-        # empties hp is the last hit.
-        for n in range(nq):
-            i = n if t % 2 == 0 else nq - 1 - n
-            v = q_dst[i]
-            if killed[v] or ui[e, v, IALIVE] == 0:
-                continue
-            uf[e, v, UHP] -= q_amt[i]
-            if v < H:
-                hf[e, v, HHURT] = t
-            if uf[e, v, UHP] <= 0.0:
-                killed[v] = True
-                killer[v] = q_src[i]
-        for u in range(U):
-            uf[e, u, UX] = nx[u]
-            uf[e, u, UY] = ny[u]
-        for h in range(H):
-            if stun_new[h] > 0.0 and not killed[h]:
-                hf[e, h, HSTUN] = max(hf[e, h, HSTUN], stun_new[h])
-        base_lost[0] = False
-        base_lost[1] = False
-        for u in range(U):
-            if not killed[u]:
-                continue
-            ui[e, u, IALIVE] = 0
-            uf[e, u, UHP] = 0.0
-            team = ui[e, u, ITEAM]
-            k = killer[u]
-            if u < H:
-                level = hf[e, u, HLEVEL]
-                gold, xp = HERO_GOLD + HERO_GOLD_LVL * level, HERO_XP + HERO_XP_LVL * level
-                events[e, u, 4] += 1.0
-                hf[e, u, HRESPAWN] = RESPAWN_BASE + RESPAWN_LVL * level
-                if k < H:
-                    events[e, k, 5] += 1.0
-                    hf[e, k, HGOLD] += gold
-                    hf[e, k, HUNSPENT] += gold
-                    events[e, k, 2] += gold
-            else:
-                xp = uf[e, u, UXP]
-                if u >= U - 2:
-                    base_lost[team] = True
-                if k < H:
-                    events[e, k, 7] += 1.0
-                    if u < H + C:
-                        hf[e, k, HGOLD] += uf[e, u, UGOLD]
-                        hf[e, k, HUNSPENT] += uf[e, u, UGOLD]
-                        events[e, k, 2] += uf[e, u, UGOLD]
-                if u >= H + C:
-                    for h in range(H):
-                        if ui[e, h, ITEAM] != team:
-                            hf[e, h, HGOLD] += uf[e, u, UGOLD]
-                            hf[e, h, HUNSPENT] += uf[e, u, UGOLD]
-                            events[e, h, 2] += uf[e, u, UGOLD]
-            # Experience is shared by the living enemy heroes near the death.
-            n = 0
-            for h in range(H):
-                if ui[e, h, IALIVE] == 1 and ui[e, h, ITEAM] != team and _dist(
-                        uf[e, h, UX], uf[e, h, UY], uf[e, u, UX], uf[e, u, UY]) <= XP_RADIUS:
-                    n += 1
-            for h in range(H):
-                if ui[e, h, IALIVE] == 1 and ui[e, h, ITEAM] != team and _dist(
-                        uf[e, h, UX], uf[e, h, UY], uf[e, u, UX], uf[e, u, UY]) <= XP_RADIUS:
-                    hf[e, h, HXP] += xp / n
-                    events[e, h, 6] += xp / n
-            if u < H:  # the dead hero waits for its respawn at the fountain, out of sight of the enemy
-                uf[e, u, UX] = hero_spawn[u, 0]
-                uf[e, u, UY] = hero_spawn[u, 1]
-        # Regeneration (faster at the own base, the fountain), levels, items.
-        for h in range(H):
-            if ui[e, h, IALIVE] == 0:
-                continue
-            htype = ui[e, h, ISUB]
-            team = ui[e, h, ITEAM]
-            at_fountain = (_dist(uf[e, h, UX], uf[e, h, UY], base_xy[team, 0], base_xy[team, 1]) <= FOUNTAIN_RADIUS
-                           and t - hf[e, h, HHURT] > FOUNTAIN_CALM)
-            hp_regen = HP_REGEN + (FOUNTAIN_REGEN * uf[e, h, UMAXHP] if at_fountain else 0.0)
-            mana_regen = hs[htype, HS_MANA_REGEN] + (FOUNTAIN_REGEN * hf[e, h, HMAXMANA] if at_fountain else 0.0)
-            uf[e, h, UHP] = min(uf[e, h, UMAXHP], uf[e, h, UHP] + hp_regen)
-            hf[e, h, HMANA] = min(hf[e, h, HMAXMANA], hf[e, h, HMANA] + mana_regen)
-            while hf[e, h, HLEVEL] < MAX_LEVEL and hf[e, h, HXP] >= XP_PER_LEVEL * hf[e, h, HLEVEL]:
-                hf[e, h, HXP] -= XP_PER_LEVEL * hf[e, h, HLEVEL]
-                _hero_level_up(uf, hf, hs, e, h, htype)
-            _buy_items(uf, hf, e, h)
-        # Creep waves.
-        period = int(P[P_WAVE_PERIOD])
-        if t % period == 1 or period == 1:
-            wave = t // period
-            mult = 1.0 + P[P_UPGRADE] * (wave // int(P[P_UPGRADE_WAVES]))
-            per_wave = int(P[P_WAVE_MELEE]) + int(P[P_WAVE_RANGED])
-            for team in range(2):
-                slot = H + team * (C // 2)
-                end = slot + C // 2
-                for lane in range(lanes):
-                    for k in range(per_wave):
-                        while slot < end and ui[e, slot, IALIVE] == 1:
-                            slot += 1
-                        if slot == end:
-                            break
-                        row = ROW_MELEE if k < int(P[P_WAVE_MELEE]) else ROW_RANGED
-                        _set_unit(uf, ui, us, e, slot, row, team, creep_spawn[team, lane, 0],
-                                  creep_spawn[team, lane, 1], mult)
-                        ui[e, slot, ILANE] = lane
-                        ui[e, slot, ISUB] = row
-                        ui[e, slot, IWAYPOINT] = 1
-        # Dense events, end of game.
-        for team in range(2):
-            struct1[team] = 0.0
-        for u in range(H + C, U):
-            if ui[e, u, IALIVE] == 1:
-                struct1[ui[e, u, ITEAM]] += uf[e, u, UHP] / uf[e, u, UMAXHP]
-        for h in range(H):
-            team = ui[e, h, ITEAM]
-            alive = ui[e, h, IALIVE] == 1
-            if not (was_dead[h] and alive):
-                events[e, h, 0] = (uf[e, h, UHP] / uf[e, h, UMAXHP] if alive else 0.0) - hp0[h]
-                events[e, h, 3] = (hf[e, h, HMANA] / hf[e, h, HMAXMANA] if alive else 0.0) - mana0[h]
-            events[e, h, 1] = struct1[team] - struct0[team]
-        over = base_lost[0] or base_lost[1] or t >= int(P[P_TIME_LIMIT])
-        if over:
-            winner = -1
-            if base_lost[1] and not base_lost[0]:
-                winner = 0
-            elif base_lost[0] and not base_lost[1]:
-                winner = 1
-            for h in range(H):
-                if winner >= 0:
-                    if ui[e, h, ITEAM] == winner:
-                        events[e, h, 8] = 1.0
-                    else:
-                        events[e, h, 9] = 1.0
-            dones[e] = True
-            winners[e] = winner
-            lengths[e] = t
-            _reset_copy(e, uf, ui, hf, gi, vis, seeds, P, hs, us, tower_xy, tower_lane, tower_tier, base_xy,
-                        hero_spawn, pool, lineup, gi[e, GGAME] + 1)
+        nq = _hero_actions(e, t, uf, ui, hf, vis, act, mov, tgt, P, hs, inv, dist, nx, ny, stun_new, q_src, q_dst,
+                           q_amt, 0)
+        nq = _creep_actions(e, uf, ui, P, lane_wp, inv, dist, nx, ny, q_src, q_dst, q_amt, nq)
+        nq = _tower_actions(e, t, uf, ui, hf, P, dist, q_src, q_dst, q_amt, nq)
+        _land_blows(e, t, uf, ui, hf, P, q_src, q_dst, q_amt, nq, nx, ny, stun_new, killed, killer)
+        _deaths(e, uf, ui, hf, P, hero_spawn, killed, killer, events, base_lost)
+        _regenerate(e, t, uf, ui, hf, P, hs, base_xy)
+        _spawn_wave(e, t, uf, ui, P, us, creep_spawn)
+        _dense_events(e, uf, ui, hf, P, was_dead, hp0, mana0, struct0, struct1, events)
+        if base_lost[0] or base_lost[1] or t >= int(P[P_TIME_LIMIT]):
+            _end_game(e, t, uf, ui, hf, gi, vis, seeds, P, hs, us, tower_xy, tower_lane, tower_tier, base_xy,
+                      hero_spawn, pool, lineup, base_lost, events, dones, winners, lengths)
         else:
             _compute_vis(e, uf, ui, vis, P)
+
+
+@njit(cache=True)
+def _structure_hp(e, uf, ui, P, out):
+    """``out[team]``: the summed hp/max_hp of the team's standing towers and base (the ``tower_hp`` event's state)."""
+    H, C, U = int(P[P_H]), int(P[P_C]), int(P[P_U])
+    for team in range(2):
+        out[team] = 0.0
+    for u in range(H + C, U):
+        if ui[e, u, IALIVE] == 1:
+            out[ui[e, u, ITEAM]] += uf[e, u, UHP] / uf[e, u, UMAXHP]
+
+
+@njit(cache=True)
+def _snapshot(e, uf, ui, hf, P, was_dead, hp0, mana0, struct0):
+    """Record the start-of-step state that the dense reward events (hp, mana, tower_hp) are changes of: which heroes
+    are dead, their hp and mana fractions (0 when dead), and each team's structure hp."""
+    H = int(P[P_H])
+    for h in range(H):
+        was_dead[h] = ui[e, h, IALIVE] == 0
+        hp0[h] = uf[e, h, UHP] / uf[e, h, UMAXHP] if not was_dead[h] else 0.0
+        mana0[h] = hf[e, h, HMANA] / hf[e, h, HMAXMANA] if not was_dead[h] else 0.0
+    _structure_hp(e, uf, ui, P, struct0)
+
+
+@njit(cache=True)
+def _tick_timers(e, uf, ui, hf, P, hero_spawn):
+    """Count down attack timers, skill cooldowns, stuns and respawn timers; a dead hero whose timer ran out respawns
+    at its fountain."""
+    H, U = int(P[P_H]), int(P[P_U])
+    for u in range(U):
+        uf[e, u, UTIMER] = max(0.0, uf[e, u, UTIMER] - 1.0)
+    for h in range(H):
+        hf[e, h, HCD] = max(0.0, hf[e, h, HCD] - 1.0)
+        hf[e, h, HSTUN] = max(0.0, hf[e, h, HSTUN] - 1.0)
+        if ui[e, h, IALIVE] == 0:
+            hf[e, h, HRESPAWN] = max(0.0, hf[e, h, HRESPAWN] - 1.0)
+            if hf[e, h, HRESPAWN] <= 0.0:
+                _respawn(uf, ui, hf, hero_spawn, e, h)
+
+
+@njit(cache=True)
+def _start_positions(e, uf, P, nx, ny, dist):
+    """Every unit decides on the positions at the start of the step, so the order of units does not matter: the new
+    positions ``nx, ny`` start as the current ones, and ``dist`` holds the current distances between all units."""
+    U = int(P[P_U])
+    for u in range(U):
+        nx[u] = uf[e, u, UX]
+        ny[u] = uf[e, u, UY]
+        dist[u, u] = 0.0
+        for v in range(u + 1, U):
+            dx = uf[e, u, UX] - uf[e, v, UX]
+            dy = uf[e, u, UY] - uf[e, v, UY]
+            d = np.sqrt(dx * dx + dy * dy)
+            dist[u, v] = d
+            dist[v, u] = d
+
+
+@njit(cache=True)
+def _hero_actions(e, t, uf, ui, hf, vis, act, mov, tgt, P, hs, inv, dist, nx, ny, stun_new, q_src, q_dst, q_amt,
+                  nq):
+    """Play every living, unstunned hero's action: a move sets its new position; an attack or skill on a legal
+    target in reach queues its blows (a skill also its stun, dash, mana cost and cooldown), out of reach it walks
+    towards the target. Illegal actions are ignored. Returns the queue length."""
+    H, U = int(P[P_H]), int(P[P_U])
+    size = P[P_MAP]
+    target_range = P[P_TARGET_RANGE]
+    for h in range(H):
+        stun_new[h] = 0.0
+    for h in range(H):
+        if ui[e, h, IALIVE] == 0 or hf[e, h, HSTUN] > 0.0:
+            continue
+        a = act[e, h]
+        if a == A_MOVE:
+            m = mov[e, h]
+            if 0 <= m < NUM_MOVES:
+                x = uf[e, h, UX] + np.cos(m * 2.0 * np.pi / NUM_MOVES) * uf[e, h, USPEED]
+                y = uf[e, h, UY] + np.sin(m * 2.0 * np.pi / NUM_MOVES) * uf[e, h, USPEED]
+                if 0.0 <= x <= size and 0.0 <= y <= size:
+                    nx[h] = x
+                    ny[h] = y
+        elif a == A_ATTACK or a == A_SKILL:
+            v = tgt[e, h]
+            if v < 0 or v >= U or not _legal_target(e, h, v, ui, vis, inv, dist[h, v], target_range):
+                continue
+            htype = ui[e, h, ISUB]
+            if a == A_ATTACK:
+                if dist[h, v] <= uf[e, h, URANGE]:
+                    if uf[e, h, UTIMER] <= 0.0:
+                        q_src[nq] = h
+                        q_dst[nq] = v
+                        q_amt[nq] = uf[e, h, UDMG]
+                        nq += 1
+                        uf[e, h, UTIMER] = uf[e, h, UPERIOD]
+                        if v < H:
+                            hf[e, h, HAGGRO] = t
+                else:
+                    nx[h], ny[h] = _approach(uf[e, h, UX], uf[e, h, UY], uf[e, v, UX], uf[e, v, UY],
+                                             uf[e, h, USPEED], uf[e, h, URANGE] * 0.9)
+            elif hf[e, h, HCD] <= 0.0 and hf[e, h, HMANA] >= hs[htype, HS_COST]:
+                srange = hs[htype, HS_SRANGE]
+                if dist[h, v] <= srange:
+                    sdmg = hs[htype, HS_SDMG] + hs[htype, HS_SDMG_LVL] * (hf[e, h, HLEVEL] - 1.0)
+                    radius = hs[htype, HS_RADIUS]
+                    for w in range(U):
+                        hit = w == v or (radius > 0.0 and dist[v, w] <= radius
+                                         and ui[e, w, IALIVE] == 1 and ui[e, w, ITEAM] != ui[e, h, ITEAM]
+                                         and not inv[w])
+                        if hit:
+                            q_src[nq] = h
+                            q_dst[nq] = w
+                            q_amt[nq] = sdmg
+                            nq += 1
+                            if w < H:
+                                hf[e, h, HAGGRO] = t
+                    if v < H:
+                        stun_new[v] = max(stun_new[v], hs[htype, HS_STUN])
+                    if hs[htype, HS_DASH] > 0.0:
+                        nx[h], ny[h] = _approach(uf[e, h, UX], uf[e, h, UY], uf[e, v, UX], uf[e, v, UY],
+                                                 srange, 1.0)
+                    hf[e, h, HMANA] -= hs[htype, HS_COST]
+                    hf[e, h, HCD] = hs[htype, HS_CD]
+                else:
+                    nx[h], ny[h] = _approach(uf[e, h, UX], uf[e, h, UY], uf[e, v, UX], uf[e, v, UY],
+                                             uf[e, h, USPEED], srange * 0.9)
+    return nq
+
+
+@njit(cache=True)
+def _creep_actions(e, uf, ui, P, lane_wp, inv, dist, nx, ny, q_src, q_dst, q_amt, nq):
+    """Every creep attacks (or walks towards) the nearest attackable enemy within aggro range, else marches along its
+    lane. Returns the queue length."""
+    H, C, U = int(P[P_H]), int(P[P_C]), int(P[P_U])
+    for c in range(H, H + C):
+        if ui[e, c, IALIVE] == 0:
+            continue
+        team = ui[e, c, ITEAM]
+        best = -1
+        best_d = CREEP_AGGRO
+        for v in range(U):
+            if ui[e, v, IALIVE] == 1 and ui[e, v, ITEAM] != team and not inv[v] and dist[c, v] <= best_d:
+                best = v
+                best_d = dist[c, v]
+        if best >= 0:
+            if best_d <= uf[e, c, URANGE]:
+                if uf[e, c, UTIMER] <= 0.0:
+                    q_src[nq] = c
+                    q_dst[nq] = best
+                    q_amt[nq] = uf[e, c, UDMG]
+                    nq += 1
+                    uf[e, c, UTIMER] = uf[e, c, UPERIOD]
+            else:
+                nx[c], ny[c] = _approach(uf[e, c, UX], uf[e, c, UY], uf[e, best, UX], uf[e, best, UY],
+                                         uf[e, c, USPEED], uf[e, c, URANGE] * 0.9)
+        else:
+            lane = ui[e, c, ILANE]
+            wp = ui[e, c, IWAYPOINT]
+            wx, wy = lane_wp[lane, wp, 0], lane_wp[lane, wp, 1]
+            if _dist(uf[e, c, UX], uf[e, c, UY], wx, wy) <= uf[e, c, USPEED]:
+                last = lane_wp.shape[1] - 1
+                wp = min(wp + 1, last) if team == 0 else max(wp - 1, 0)
+                ui[e, c, IWAYPOINT] = wp
+                wx, wy = lane_wp[lane, wp, 0], lane_wp[lane, wp, 1]
+            nx[c], ny[c] = _approach(uf[e, c, UX], uf[e, c, UY], wx, wy, uf[e, c, USPEED], 0.0)
+    return nq
+
+
+@njit(cache=True)
+def _tower_actions(e, t, uf, ui, hf, P, dist, q_src, q_dst, q_amt, nq):
+    """Every ready tower shoots, within its range, first a hero that hit one of their heroes in the last two steps
+    (tower aggro), then the nearest creep, then the nearest hero. Bases do not shoot. Returns the queue length."""
+    H, C, U = int(P[P_H]), int(P[P_C]), int(P[P_U])
+    for s in range(H + C, U):
+        if ui[e, s, IALIVE] == 0 or uf[e, s, UTIMER] > 0.0 or uf[e, s, UDMG] <= 0.0:
+            continue
+        team = ui[e, s, ITEAM]
+        rng_s = uf[e, s, URANGE]
+        best = -1
+        best_rank = 1e18
+        for v in range(H + C):
+            if ui[e, v, IALIVE] == 0 or ui[e, v, ITEAM] == team or dist[s, v] > rng_s:
+                continue
+            if v < H:
+                rank = dist[s, v] + (0.0 if hf[e, v, HAGGRO] >= t - 1 else 2000.0)
+            else:
+                rank = dist[s, v] + 1000.0
+            if rank < best_rank:
+                best_rank = rank
+                best = v
+        if best >= 0:
+            q_src[nq] = s
+            q_dst[nq] = best
+            q_amt[nq] = uf[e, s, UDMG]
+            nq += 1
+            uf[e, s, UTIMER] = uf[e, s, UPERIOD]
+    return nq
+
+
+@njit(cache=True)
+def _land_blows(e, t, uf, ui, hf, P, q_src, q_dst, q_amt, nq, nx, ny, stun_new, killed, killer):
+    """Land the queued blows, then move every unit to its new position and stun the survivors that a skill stunned.
+
+    Blows land in queue order (heroes, creeps, structures, team 0 first within each) on even steps and in the reverse
+    order on odd steps, so that neither team wins simultaneous last hits more often. The blow that empties hp is the
+    last hit: ``killed[u]`` and ``killer[u]`` (the unit that landed it) record it."""
+    H, U = int(P[P_H]), int(P[P_U])
+    for u in range(U):
+        killed[u] = False
+        killer[u] = -1
+    for n in range(nq):
+        i = n if t % 2 == 0 else nq - 1 - n
+        v = q_dst[i]
+        if killed[v] or ui[e, v, IALIVE] == 0:
+            continue
+        uf[e, v, UHP] -= q_amt[i]
+        if v < H:
+            hf[e, v, HHURT] = t
+        if uf[e, v, UHP] <= 0.0:
+            killed[v] = True
+            killer[v] = q_src[i]
+    for u in range(U):
+        uf[e, u, UX] = nx[u]
+        uf[e, u, UY] = ny[u]
+    for h in range(H):
+        if stun_new[h] > 0.0 and not killed[h]:
+            hf[e, h, HSTUN] = max(hf[e, h, HSTUN], stun_new[h])
+
+
+@njit(cache=True)
+def _deaths(e, uf, ui, hf, P, hero_spawn, killed, killer, events, base_lost):
+    """Remove the killed units and pay their bounties: a dead hero waits for its respawn at its fountain; the hero
+    that landed a last hit gets the kill or last-hit event and the gold of a hero or creep; a fallen structure pays
+    its gold to every enemy hero; the living enemy heroes near a death share its experience. ``base_lost[team]``
+    tells whether the team's base fell."""
+    H, C, U = int(P[P_H]), int(P[P_C]), int(P[P_U])
+    base_lost[0] = False
+    base_lost[1] = False
+    for u in range(U):
+        if not killed[u]:
+            continue
+        ui[e, u, IALIVE] = 0
+        uf[e, u, UHP] = 0.0
+        team = ui[e, u, ITEAM]
+        k = killer[u]
+        if u < H:
+            level = hf[e, u, HLEVEL]
+            gold, xp = HERO_GOLD + HERO_GOLD_LVL * level, HERO_XP + HERO_XP_LVL * level
+            events[e, u, EV_DEATH] += 1.0
+            hf[e, u, HRESPAWN] = RESPAWN_BASE + RESPAWN_LVL * level
+            if k < H:
+                events[e, k, EV_KILL] += 1.0
+                hf[e, k, HGOLD] += gold
+                hf[e, k, HUNSPENT] += gold
+                events[e, k, EV_GOLD] += gold
+        else:
+            xp = uf[e, u, UXP]
+            if u >= U - 2:
+                base_lost[team] = True
+            if k < H:
+                events[e, k, EV_LAST_HIT] += 1.0
+                if u < H + C:
+                    hf[e, k, HGOLD] += uf[e, u, UGOLD]
+                    hf[e, k, HUNSPENT] += uf[e, u, UGOLD]
+                    events[e, k, EV_GOLD] += uf[e, u, UGOLD]
+            if u >= H + C:
+                for h in range(H):
+                    if ui[e, h, ITEAM] != team:
+                        hf[e, h, HGOLD] += uf[e, u, UGOLD]
+                        hf[e, h, HUNSPENT] += uf[e, u, UGOLD]
+                        events[e, h, EV_GOLD] += uf[e, u, UGOLD]
+        n = 0
+        for h in range(H):
+            if ui[e, h, IALIVE] == 1 and ui[e, h, ITEAM] != team and _dist(
+                    uf[e, h, UX], uf[e, h, UY], uf[e, u, UX], uf[e, u, UY]) <= XP_RADIUS:
+                n += 1
+        for h in range(H):
+            if ui[e, h, IALIVE] == 1 and ui[e, h, ITEAM] != team and _dist(
+                    uf[e, h, UX], uf[e, h, UY], uf[e, u, UX], uf[e, u, UY]) <= XP_RADIUS:
+                hf[e, h, HXP] += xp / n
+                events[e, h, EV_XP] += xp / n
+        if u < H:  # the dead hero waits for its respawn at the fountain, out of sight of the enemy
+            uf[e, u, UX] = hero_spawn[u, 0]
+            uf[e, u, UY] = hero_spawn[u, 1]
+
+
+@njit(cache=True)
+def _regenerate(e, t, uf, ui, hf, P, hs, base_xy):
+    """Living heroes regain hp and mana (faster at their fountain once unhurt for ``FOUNTAIN_CALM`` steps), level up
+    on their experience and buy items with their gold."""
+    H = int(P[P_H])
+    for h in range(H):
+        if ui[e, h, IALIVE] == 0:
+            continue
+        htype = ui[e, h, ISUB]
+        team = ui[e, h, ITEAM]
+        at_fountain = (_dist(uf[e, h, UX], uf[e, h, UY], base_xy[team, 0], base_xy[team, 1]) <= FOUNTAIN_RADIUS
+                       and t - hf[e, h, HHURT] > FOUNTAIN_CALM)
+        hp_regen = HP_REGEN + (FOUNTAIN_REGEN * uf[e, h, UMAXHP] if at_fountain else 0.0)
+        mana_regen = hs[htype, HS_MANA_REGEN] + (FOUNTAIN_REGEN * hf[e, h, HMAXMANA] if at_fountain else 0.0)
+        uf[e, h, UHP] = min(uf[e, h, UMAXHP], uf[e, h, UHP] + hp_regen)
+        hf[e, h, HMANA] = min(hf[e, h, HMAXMANA], hf[e, h, HMANA] + mana_regen)
+        while hf[e, h, HLEVEL] < MAX_LEVEL and hf[e, h, HXP] >= XP_PER_LEVEL * hf[e, h, HLEVEL]:
+            hf[e, h, HXP] -= XP_PER_LEVEL * hf[e, h, HLEVEL]
+            _hero_level_up(uf, hf, hs, e, h, htype)
+        _buy_items(uf, hf, e, h)
+
+
+@njit(cache=True)
+def _spawn_wave(e, t, uf, ui, P, us, creep_spawn):
+    """On the first step of every wave period, each team's wave enters each lane, in the free creep slots of the
+    team; creeps that find none are not spawned. Creeps grow stronger every ``creep_upgrade_waves`` waves."""
+    H, C = int(P[P_H]), int(P[P_C])
+    lanes = int(P[P_LANES])
+    period = int(P[P_WAVE_PERIOD])
+    if not (t % period == 1 or period == 1):
+        return
+    wave = t // period
+    mult = 1.0 + P[P_UPGRADE] * (wave // int(P[P_UPGRADE_WAVES]))
+    per_wave = int(P[P_WAVE_MELEE]) + int(P[P_WAVE_RANGED])
+    for team in range(2):
+        slot = H + team * (C // 2)
+        end = slot + C // 2
+        for lane in range(lanes):
+            for k in range(per_wave):
+                while slot < end and ui[e, slot, IALIVE] == 1:
+                    slot += 1
+                if slot == end:
+                    break
+                row = ROW_MELEE if k < int(P[P_WAVE_MELEE]) else ROW_RANGED
+                _set_unit(uf, ui, us, e, slot, row, team, creep_spawn[team, lane, 0], creep_spawn[team, lane, 1],
+                          mult)
+                ui[e, slot, ILANE] = lane
+                ui[e, slot, ISUB] = row
+                ui[e, slot, IWAYPOINT] = 1
+
+
+@njit(cache=True)
+def _dense_events(e, uf, ui, hf, P, was_dead, hp0, mana0, struct0, struct1, events):
+    """The hp, mana and tower_hp events: changes since ``_snapshot`` (``struct1`` is scratch space). A hero's death
+    counts as a drop to 0; its refill on respawn does not count."""
+    H = int(P[P_H])
+    _structure_hp(e, uf, ui, P, struct1)
+    for h in range(H):
+        team = ui[e, h, ITEAM]
+        alive = ui[e, h, IALIVE] == 1
+        if not (was_dead[h] and alive):
+            events[e, h, EV_HP] = (uf[e, h, UHP] / uf[e, h, UMAXHP] if alive else 0.0) - hp0[h]
+            events[e, h, EV_MANA] = (hf[e, h, HMANA] / hf[e, h, HMAXMANA] if alive else 0.0) - mana0[h]
+        events[e, h, EV_TOWER_HP] = struct1[team] - struct0[team]
+
+
+@njit(cache=True)
+def _end_game(e, t, uf, ui, hf, gi, vis, seeds, P, hs, us, tower_xy, tower_lane, tower_tier, base_xy, hero_spawn,
+              pool, lineup, base_lost, events, dones, winners, lengths):
+    """End copy ``e``'s game: the team that destroyed the other's base (and kept its own) wins, else it is a draw;
+    write the win and loss events and the outcome, and start the copy's next game."""
+    H = int(P[P_H])
+    winner = -1
+    if base_lost[1] and not base_lost[0]:
+        winner = 0
+    elif base_lost[0] and not base_lost[1]:
+        winner = 1
+    for h in range(H):
+        if winner >= 0:
+            if ui[e, h, ITEAM] == winner:
+                events[e, h, EV_WIN] = 1.0
+            else:
+                events[e, h, EV_LOSS] = 1.0
+    dones[e] = True
+    winners[e] = winner
+    lengths[e] = t
+    _reset_copy(e, uf, ui, hf, gi, vis, seeds, P, hs, us, tower_xy, tower_lane, tower_tier, base_xy, hero_spawn,
+                pool, lineup, gi[e, GGAME] + 1)
 
 
 @njit(cache=True)
@@ -985,6 +998,9 @@ class MobaEnv:
             raise ValueError(f"first_copy must be >= 0, got {first_copy}")
         if config.mirrored_pairs and (first_copy % 2 or num_envs % 2):
             raise ValueError(f"mirrored_pairs needs an even first_copy and num_envs, got {first_copy}, {num_envs}")
+        if _compiled_shared_constants() != _SHARED_CONSTANTS:
+            raise RuntimeError(f"numba's cache of {__file__} was compiled with another moba_config.py; delete its "
+                               "files (moba.*.nbi, moba.*.nbc in __pycache__ or NUMBA_CACHE_DIR) and run again")
         self.config = config
         self.spec = config.spec()
         self.num_envs = num_envs
