@@ -16,13 +16,13 @@ import numpy as np
 import torch
 import yaml
 
-from hpc_rl.analysis import wilson_interval
 from hpc_rl.config import TrainConfig, build_config
 from hpc_rl.model.device import to_device
 from hpc_rl.model.policy import HEADS, Policy, hero_indices
 from hpc_rl.model.policy import act
 from hpc_rl.model.tree import to_torch_tree
 from hpc_rl.runner import evaluate
+from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import Checkpoint, open_run
 
 Player = Policy | str  # a policy, or the name of a reference bot ("random", "scripted")

@@ -24,12 +24,12 @@ import numpy as np
 from mpi4py import MPI
 
 from hpc_rl.config import TrainConfig
-from hpc_rl.analysis import wilson_interval
 from hpc_rl.league.pool import OpponentPool
-from hpc_rl.league.evaluate import RatingBook, rating_line
+from hpc_rl.league.tournament import RatingBook, rating_line
 from hpc_rl.roles.common import (TAG_ACCOUNTING, TAG_CHECKPOINT, TAG_DONE, TAG_EVALUATION, TAG_HALT, TAG_HEARTBEAT,
                                  TAG_METRICS, TAG_POOL, TAG_POOL_RESULT, TAG_STOP, Backoff, StopFlag, fail)
 from hpc_rl.slurm import slurm_job_id
+from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import MetricsWriter, commit_checkpoint, prune_checkpoints, read_pool, write_pool
 from hpc_rl.storage.checkpoint import checkpoint_name
 from hpc_rl.storage.tensorboard import TENSORBOARD_DIR, open_export
