@@ -20,11 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hpc_rl.actors import Actor
 from hpc_rl.algo.config import PPOConfig
 from hpc_rl.algo.learner import Learner
 from hpc_rl.algo.rewards import RewardConfig, shape_rewards
 from hpc_rl.data.batch import Batch, SegmentBuffer
-from hpc_rl.envs.api import Actions, Obs, VecEnv
+from hpc_rl.envs.api import VecEnv
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.device import select_device, to_device
 from hpc_rl.model.policy import Policy, act, hero_indices
@@ -58,9 +59,9 @@ class SerialRunner:
 
     def __init__(self, env: VecEnv, config: RunnerConfig | None = None, ppo: PPOConfig | None = None,
                  model: ModelConfig | None = None, reward: RewardConfig | None = None,
-                 opponent: Callable[[Obs], Actions] | None = None, learning_agents: tuple[int, ...] | None = None,
+                 opponent: Actor | None = None, learning_agents: tuple[int, ...] | None = None,
                  alternate_sides: bool = False):
-        """``opponent`` (e.g. a scripted bot's ``act``) plays every agent outside ``learning_agents`` (default:
+        """``opponent`` (an actor, e.g. the scripted bot) plays every agent outside ``learning_agents`` (default:
         ``spec.learning_agents``, or all); without it the policy plays every agent (self-play) and is trained on the
         learning agents' steps only. ``alternate_sides`` (two teams, with an opponent) swaps the sides in odd copies,
         so that the policy learns to play both (the map is not symmetric in absolute coordinates)."""
@@ -120,9 +121,11 @@ class SerialRunner:
             self.state = step.state
             actions = {k: v.cpu().numpy().reshape(self.config.num_envs, agents) for k, v in step.actions.items()}
             if self.opponent is not None:
-                theirs = self.opponent(self.obs)
+                theirs = self.opponent.act(self.obs)
                 actions = {k: np.where(self.controlled, v, theirs[k]) for k, v in actions.items()}
             obs, events, dones, infos = self.env.step(actions)
+            if self.opponent is not None:
+                self.opponent.reset(dones)
             self.game_steps += 1
             game_time = infos.get("game_time", self.game_steps * self.config.step_seconds)
             reward = shape_rewards(events, self.spec.agent_team, self.reward, tau, game_time).reshape(-1)
@@ -174,28 +177,3 @@ class SerialRunner:
         if self.wins:
             out["stats/win_rate"] = float(np.mean(self.wins))
         return out
-
-
-@torch.no_grad()
-def evaluate(policy: Policy, env: VecEnv, seed: int, deterministic: bool = True) -> np.ndarray:
-    """Play one game in every copy of ``env`` (its num_envs games) and return each learning agent's return."""
-    spec = env.spec
-    n = env.num_envs * spec.num_agents
-    device = next(policy.parameters()).device
-    hero = torch.from_numpy(np.tile(hero_indices(spec), env.num_envs)).to(device)
-    obs = env.reset(seed)
-    starts = torch.ones(n, dtype=torch.bool, device=device)
-    state = policy.initial_state(n, device)
-    returns = np.zeros((env.num_envs, spec.num_agents))
-    finished = np.zeros(env.num_envs, dtype=bool)
-    while not finished.all():
-        flat = {k: v.reshape(n, *v.shape[2:]) for k, v in obs.items()}
-        step = act(policy, to_device(flat, device), hero, starts, state, deterministic)
-        state = step.state
-        actions = {k: v.cpu().numpy().reshape(env.num_envs, spec.num_agents) for k, v in step.actions.items()}
-        obs, events, dones, _ = env.step(actions)
-        returns[~finished] += events.sum(axis=2)[~finished]
-        finished |= dones
-        starts = torch.from_numpy(np.repeat(dones, spec.num_agents)).to(device)
-    learning = list(spec.learning_agents or range(spec.num_agents))
-    return returns[:, learning].ravel()

@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
                                             seed=config.seed, step_seconds=config.env.step_seconds, log_every=0,
                                             device="cpu"),
                           config.ppo, config.model, config.env.reward_config(),
-                          opponent=ScriptedBot(config.env.moba).act, learning_agents=(0,), alternate_sides=True)
+                          opponent=ScriptedBot(config.env.moba), learning_agents=(0,), alternate_sides=True)
     ckpt_dir, config_hash = run_dir / "checkpoints", config.config_hash()
     progress: list[dict] = []
     train_seconds = cpu_seconds = 0.0  # training only: progress evaluations are off the clock

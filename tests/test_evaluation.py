@@ -1,16 +1,18 @@
-"""Evaluating policies: matches against the reference bots and other policies."""
+"""Evaluating policies: matches against the reference bots and other policies, and the greedy return."""
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
 from hpc_rl.config import EnvConfig, TrainConfig
+from hpc_rl.envs.gym_adapter import GymVecEnv
 from hpc_rl.envs.moba import MobaConfig
 from hpc_rl.envs.scripted import scripted_bot_hash
-from hpc_rl.evaluation import play_match, play_vs_bot
+from hpc_rl.evaluation import evaluate_return, play_match, play_vs_bot
 from hpc_rl.model.config import ModelConfig
-from hpc_rl.model.policy import Policy
+from hpc_rl.model.policy import Policy, act, hero_indices
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -67,3 +69,34 @@ def test_two_policies_play_deterministically_for_a_fixed_seed():
     assert play_match(a, b, config, games=4, seed=7) == first
     assert first["wins"] + first["draws"] + first["losses"] == 4 and len(first["scores"]) == 4
     assert len(steps) >= 200  # on_step ran after every env step (games last up to the time limit)
+
+
+def slow_returns(policy: Policy, env, seed: int) -> list[float]:
+    """Every copy's first-game return, the policy acting for all agents at once, written out step by step."""
+    n = env.num_envs
+    hero = torch.from_numpy(np.tile(hero_indices(env.spec), n))
+    obs = env.reset(seed)
+    state = policy.initial_state(n)
+    starts = torch.ones(n, dtype=torch.bool)
+    totals, done = [0.0] * n, [False] * n
+    while not all(done):
+        step = act(policy, {k: torch.from_numpy(v.reshape(n, *v.shape[2:])) for k, v in obs.items()}, hero, starts,
+                   state, deterministic=True)
+        state = step.state
+        obs, events, dones, _ = env.step({k: v.numpy().reshape(n, 1) for k, v in step.actions.items()})
+        for e in range(n):
+            if not done[e]:
+                totals[e] += float(events[e].sum())
+                done[e] = bool(dones[e])
+        starts = torch.from_numpy(dones.copy())
+    return totals
+
+
+def test_greedy_return_matches_a_hand_written_loop():
+    env = GymVecEnv("CartPole-v1", 6)
+    torch.manual_seed(0)
+    policy = Policy(env.spec, ModelConfig(lstm_size=16, embed_size=8)).eval()
+    returns = evaluate_return(policy, env, seed=11)
+    assert returns.shape == (6,)
+    assert returns.tolist() == slow_returns(policy, env, seed=11)
+    assert len(set(returns.tolist())) > 1  # the copies' games differ

@@ -7,8 +7,9 @@ import pytest
 
 from hpc_rl.bench.cartpole import ENV_ID, MODEL, PPO, RUNNER
 from hpc_rl.envs.gym_adapter import GymVecEnv
+from hpc_rl.evaluation import evaluate_return
 from hpc_rl.launch import set_torch_threads
-from hpc_rl.runner import evaluate, SerialRunner
+from hpc_rl.runner import SerialRunner
 
 pytestmark = pytest.mark.slow
 
@@ -17,13 +18,13 @@ def test_serial_runner_learns_cartpole():
     set_torch_threads()
     runner = SerialRunner(GymVecEnv(ENV_ID, RUNNER.num_envs), dataclasses.replace(RUNNER, seed=1), PPO, MODEL)
     eval_env = GymVecEnv(ENV_ID, 20)
-    untrained = evaluate(runner.policy, eval_env, seed=500, deterministic=False).mean()
+    untrained = evaluate_return(runner.policy, eval_env, seed=500, deterministic=False).mean()
     greedy_returns = []
 
     def every_10k_steps(run: SerialRunner, _metrics: dict) -> bool:
         if run.learner.version % 20:
             return False
-        greedy_returns.append(evaluate(run.policy, eval_env, seed=500).mean())
+        greedy_returns.append(evaluate_return(run.policy, eval_env, seed=500).mean())
         return greedy_returns[-1] >= 300
 
     metrics = runner.run(total_steps=30_720, on_update=every_10k_steps)

@@ -20,7 +20,7 @@ def test_runner_trains_on_moba_against_the_scripted_bot():
     model = ModelConfig(lstm_size=32, embed_size=16)
     runner = SerialRunner(MobaEnv(config, 2), RunnerConfig(num_envs=2, segment_len=32, log_every=0, device="cpu"),
                           PPOConfig(epochs=1, num_minibatches=2), model, moba_reward_config(config),
-                          opponent=ScriptedBot(config).act, learning_agents=(0,))
+                          opponent=ScriptedBot(config), learning_agents=(0,))
     batch = runner.collect()
     # Only agent 0 of each copy (columns 0 and 2) is trained on; agent 1 is the bot.
     assert batch.weight[:, 0::2].eq(1).all() and batch.weight[:, 1::2].eq(0).all()
@@ -49,7 +49,7 @@ def test_alternate_sides_puts_the_policy_on_team_1_in_odd_copies():
     model = ModelConfig(lstm_size=32, embed_size=16)
     runner = SerialRunner(MobaEnv(config, 4), RunnerConfig(num_envs=4, segment_len=16, log_every=0, device="cpu"),
                           PPOConfig(epochs=1, num_minibatches=2), model, moba_reward_config(config),
-                          opponent=ScriptedBot(config).act, learning_agents=(0,), alternate_sides=True)
+                          opponent=ScriptedBot(config), learning_agents=(0,), alternate_sides=True)
     batch = runner.collect()
     # Columns are (copy, agent): the policy is agent 0 (team 0) in copies 0 and 2, agent 1 (team 1) in 1 and 3.
     assert batch.weight[0].tolist() == [1, 0, 0, 1, 1, 0, 0, 1]

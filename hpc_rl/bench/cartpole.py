@@ -22,10 +22,11 @@ import time
 import numpy as np
 
 from hpc_rl.algo.schedules import constant
+from hpc_rl.evaluation import evaluate_return
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.algo.config import PPOConfig
-from hpc_rl.runner import evaluate, RunnerConfig, SerialRunner
+from hpc_rl.runner import RunnerConfig, SerialRunner
 
 ENV_ID = "CartPole-v1"
 TARGET = 475.0
@@ -78,7 +79,7 @@ def run_hpc_rl(seed: int, max_steps: int, eval_every: int, eval_episodes: int) -
         next_eval += eval_every
         seconds = clock()
         t0 = time.perf_counter()
-        mean_return = float(evaluate(run.policy, eval_env, seed=10_000 + seed).mean())
+        mean_return = float(evaluate_return(run.policy, eval_env, seed=10_000 + seed).mean())
         clock.exclude(time.perf_counter() - t0)
         if mean_return >= TARGET:
             result.update(steps=run.env_steps, seconds=seconds)
