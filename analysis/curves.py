@@ -15,8 +15,9 @@ import sys
 
 import numpy as np
 
-from hpc_rl.analysis import (VERSION_LABEL, Output, check_metric, default_metric, fmt, load_runs, markdown_table,
-                             pyplot, run_script, script_parser, trailing_mean, trueskill_players, wall_axis)
+from hpc_rl.stats import trailing_mean
+from hpc_rl.study import (VERSION_LABEL, Output, check_metric, default_metric, fmt, load_runs, markdown_table, pyplot,
+                          run_script, script_parser, trueskill_players, wall_axis)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 
-from hpc_rl.analysis import (STALENESS_BINS, VERSION_LABEL, Output, fmt, load_runs, markdown_table, measured_reuse,
-                             measured_staleness, pyplot, run_script, script_parser, staleness_histogram)
+from hpc_rl.study import (STALENESS_BINS, VERSION_LABEL, Output, fmt, load_runs, markdown_table, measured_reuse,
+                          measured_staleness, pyplot, run_script, script_parser, staleness_histogram)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from hpc_rl.analysis import (ABLATION_KEYS, DEFAULT_BASELINE, VERSION_LABEL, Output, RunData, SpeedupRow,
-                             check_metric, choose_baseline, config_value, default_metric, default_thresholds,
-                             first_crossing, fmt, global_batch_steps, is_sweep, load_sweep, markdown_table,
-                             measured_reuse, measured_staleness, pyplot, run_script, script_parser, speedup_rows,
-                             spread, swept_key, trailing_mean)
+from hpc_rl.stats import spread, trailing_mean
+from hpc_rl.study import (ABLATION_KEYS, DEFAULT_BASELINE, VERSION_LABEL, Output, RunData, SpeedupRow, check_metric,
+                          choose_baseline, config_value, default_metric, default_thresholds, first_crossing, fmt,
+                          global_batch_steps, is_sweep, load_sweep, markdown_table, measured_reuse,
+                          measured_staleness, pyplot, run_script, script_parser, speedup_rows, swept_key)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -14,8 +14,7 @@ import sys
 
 import numpy as np
 
-from hpc_rl.analysis import (VERSION_LABEL, Output, fmt, load_runs, markdown_table, pyplot, run_script,
-                             script_parser)
+from hpc_rl.study import VERSION_LABEL, Output, fmt, load_runs, markdown_table, pyplot, run_script, script_parser
 
 PANELS = (
     ("perf/env_steps_per_s", "env ranks: env steps / s"),

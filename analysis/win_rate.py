@@ -15,8 +15,9 @@ import sys
 
 import numpy as np
 
-from hpc_rl.analysis import (VERSION_LABEL, WIN_GAMES, WIN_RATE, Output, RunData, fmt, load_runs, markdown_table,
-                             pyplot, run_script, script_parser, wilson_interval)
+from hpc_rl.stats import wilson_interval
+from hpc_rl.study import (VERSION_LABEL, WIN_GAMES, WIN_RATE, Output, RunData, fmt, load_runs, markdown_table, pyplot,
+                          run_script, script_parser)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
-"""Evaluating a trained run: load a checkpoint's policy and play it (no MPI).
+"""Evaluating a trained run: load a checkpoint's policy and play it (``hpc_rl.play``; no MPI).
 
     policy, config, version = load_policy("runs/my_run")    # the latest good checkpoint
-    evaluate_return(policy, config, episodes=20, seed=0)    # Gymnasium: mean return of greedy play
+    evaluate_return(policy, config.env.make(num_envs=20), seed=0)   # Gymnasium: returns of greedy play
     play_vs_bot(policy, config, "scripted", games=400, seed=0)   # MOBA: wins, draws, losses against a reference bot
     play_match(policy, older_policy, config, games=64, seed=0)  # MOBA: two policies (or a policy and a bot), any pair
 """
@@ -16,13 +16,13 @@ import numpy as np
 import torch
 import yaml
 
-from hpc_rl.analysis import wilson_interval
+from hpc_rl.actors import Actor, PolicyActor
 from hpc_rl.config import TrainConfig, build_config
-from hpc_rl.model.device import to_device
-from hpc_rl.model.policy import HEADS, Policy, hero_indices
-from hpc_rl.model.policy import act
 from hpc_rl.envs.api import VecEnv
+from hpc_rl.model.policy import Policy
 from hpc_rl.model.tree import to_torch_tree
+from hpc_rl.play import play, team_agents
+from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import Checkpoint, open_run
 
 Player = Policy | str  # a policy, or the name of a reference bot ("random", "scripted")
@@ -45,37 +45,23 @@ def load_policy(run_dir: str | Path, version: int | None = None) -> tuple[Policy
     return policy_from_checkpoint(ckpt, config), config, ckpt.version
 
 
-@torch.no_grad()
-def evaluate(policy: Policy, env: VecEnv, seed: int, deterministic: bool = True) -> np.ndarray:
-    """Play one game in every copy of ``env`` (its num_envs games) and return each learning agent's return."""
-    spec = env.spec
-    n = env.num_envs * spec.num_agents
-    device = next(policy.parameters()).device
-    hero = torch.from_numpy(np.tile(hero_indices(spec), env.num_envs)).to(device)
-    obs = env.reset(seed)
-    starts = torch.ones(n, dtype=torch.bool, device=device)
-    state = policy.initial_state(n, device)
-    returns = np.zeros((env.num_envs, spec.num_agents))
-    finished = np.zeros(env.num_envs, dtype=bool)
-    while not finished.all():
-        flat = {k: v.reshape(n, *v.shape[2:]) for k, v in obs.items()}
-        step = act(policy, to_device(flat, device), hero, starts, state, deterministic)
-        state = step.state
-        actions = {k: v.cpu().numpy().reshape(env.num_envs, spec.num_agents) for k, v in step.actions.items()}
-        obs, events, dones, _ = env.step(actions)
-        returns[~finished] += events.sum(axis=2)[~finished]
-        finished |= dones
-        starts = torch.from_numpy(np.repeat(dones, spec.num_agents)).to(device)
-    learning = list(spec.learning_agents or range(spec.num_agents))
-    return returns[:, learning].ravel()
+def evaluate_return(policy: Policy, env: VecEnv, seed: int, deterministic: bool = True) -> np.ndarray:
+    """The policy plays one game in every copy of ``env`` (greedy unless not ``deterministic``, then sampling from
+    torch's global generator): every learning agent's return, copy by copy."""
+    everyone = np.ones((env.num_envs, env.spec.num_agents), dtype=bool)
+    games = play(env, [(PolicyActor(policy, everyone, deterministic), everyone)], seed)
+    return games.returns[:, list(env.spec.learning_agents or range(env.spec.num_agents))].ravel()
 
 
-def evaluate_return(policy: Policy, config: TrainConfig, episodes: int, seed: int) -> np.ndarray:
-    """Returns of ``episodes`` greedy episodes, one per environment copy."""
-    return evaluate(policy, config.env.make(num_envs=episodes), seed, deterministic=True)
+def _actor(player: Player, agents: np.ndarray, config: TrainConfig, seed: int, deterministic: bool) -> Actor:
+    """The actor of ``player`` on ``agents``: the named reference bot (seeded with ``seed``) or the policy."""
+    if isinstance(player, str):
+        from hpc_rl.envs.scripted import make_bot
+
+        return make_bot(player, config.env.moba, seed=seed)
+    return PolicyActor(player, agents, deterministic)
 
 
-@torch.no_grad()
 def play_match(first: Player, second: Player, config: TrainConfig, games: int, seed: int,
                deterministic: bool = False, mirrored: bool = True,
                on_step: Callable[[], None] | None = None) -> dict:
@@ -84,59 +70,27 @@ def play_match(first: Player, second: Player, config: TrainConfig, games: int, s
 
     ``mirrored`` (OpenAI Five-style fair evaluation): copies 2k and 2k+1 draw the same lineups and starting state, so
     each draw is played from both sides; it needs an even number of games. Policies sample their actions (greedy with
-    ``deterministic``) from torch's generator seeded with ``seed``; bots are seeded from ``seed``: the result is a
-    function of the players and ``seed``. Each policy runs on its own agents only, with its own LSTM state per agent.
-    ``on_step`` is called after every env step (a rank keeps heartbeating there; it may raise to abandon the match).
+    ``deterministic``) from torch's generator seeded with ``seed``; bot k (0 for ``first``, 1 for ``second``) is seeded
+    with ``seed + 1 + k``: the result is a function of the players and ``seed``. Each policy runs on its own agents
+    only, with its own LSTM state per agent. ``on_step`` is called before the first env step and after every one (a
+    rank keeps heartbeating there; it may raise to abandon the match).
 
     Returns the tally from ``first``'s side, draws (time limit) apart, and ``scores``: its score in each game
     (1 win, 0.5 draw, 0 loss), in copy order.
     """
     from hpc_rl.envs.moba import MobaEnv
-    from hpc_rl.envs.scripted import make_bot
 
     if not config.env.is_moba:
         raise ValueError("play_match needs a MOBA run")
     if games < 1 or (mirrored and games % 2):
         raise ValueError(f"games must be >= 1{' and even (mirrored pairs)' if mirrored else ''}, got {games}")
     env = MobaEnv(dataclasses.replace(config.env.moba, mirrored_pairs=mirrored), games)
-    spec = env.spec
-    team = np.asarray(spec.agent_team)
     first_team = np.arange(games) % 2
-    controls = [team[None, :] == first_team[:, None]]  # (E, A): the agents each player controls
-    controls.append(~controls[0])
-    hero = np.tile(hero_indices(spec), games)
-    actors = []
-    for k, player in enumerate((first, second)):
-        if isinstance(player, str):
-            actors.append(make_bot(player, config.env.moba, seed=seed + 1 + k))
-        else:
-            rows = np.flatnonzero(controls[k].reshape(-1))  # this policy's agents among the E*A flat ones
-            actors.append((player, rows, torch.from_numpy(hero[rows]), player.initial_state(rows.size)))
-    obs = env.reset(seed)
-    starts = np.ones(games * spec.num_agents, dtype=bool)
-    outcome = np.full(games, -2, dtype=np.int64)
+    first_side = team_agents(env.spec, first_team)
+    actors = [(_actor(player, side, config, seed + 1 + k, deterministic), side)
+              for k, (player, side) in enumerate(((first, first_side), (second, ~first_side)))]
     torch.manual_seed(seed)
-    while (outcome == -2).any():
-        flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in obs.items()}
-        actions = {head: np.zeros((games, spec.num_agents), dtype=np.int64) for head in HEADS}
-        for k, actor in enumerate(actors):
-            if isinstance(actor, tuple):
-                policy, rows, hero_rows, state = actor
-                step = act(policy, to_device({key: v[rows] for key, v in flat.items()}, torch.device("cpu")),
-                           hero_rows, torch.from_numpy(starts[rows]), state, deterministic)
-                actors[k] = (policy, rows, hero_rows, step.state)
-                for head in actions:
-                    actions[head].reshape(-1)[rows] = step.actions[head].numpy()
-            else:
-                chosen = actor.act(obs)
-                for head in actions:
-                    actions[head] = np.where(controls[k], chosen[head], actions[head])
-        obs, _, dones, infos = env.step(actions)
-        first_done = dones & (outcome == -2)
-        outcome[first_done] = infos["winner"][first_done]
-        starts = np.repeat(dones, spec.num_agents)
-        if on_step is not None:
-            on_step()
+    outcome = play(env, actors, seed, on_step=None if on_step is None else lambda t, finished: on_step()).winner
     scores = np.where(outcome == first_team, 1.0, np.where(outcome == -1, 0.5, 0.0))
     wins, draws = int((scores == 1.0).sum()), int((scores == 0.5).sum())
     low, high = wilson_interval(wins, games)

@@ -1,4 +1,5 @@
-"""MOBA 1v1 from scratch against the frozen scripted bot, in one process (the serial runner), then a fixed evaluation.
+"""MOBA 1v1 from scratch against the frozen scripted bot, in one process (the serial runner: the MPI job's roles
+wired together), then a fixed evaluation.
 
     python jobs/vs_scripted.py --minutes 60 --clock cpu env=moba_1v1_small   # `make reproduce-1v1`
     python jobs/vs_scripted.py --minutes 5 --eval-games 100 ppo.epochs=2      # any config override of jobs/train.py
@@ -6,7 +7,8 @@
 The policy plays the scripted bot in every copy, on team 0 in even copies and team 1 in odd ones, and trains on its
 own steps only. Training stops after ``--minutes`` of wall time, or of this process's CPU time with ``--clock cpu``
 (a budget that other work on the machine does not eat into); either clock excludes the progress evaluations. Then
-the last checkpoint plays ``--eval-games`` games against the bot with the fixed ``--eval-seed`` (sides alternating,
+the last checkpoint (the run directory is the MPI job's: metrics.h5, checkpoints/, status.json) plays
+``--eval-games`` games against the bot with the fixed ``--eval-seed`` (sides alternating,
 draws counted as losses), is reloaded from its HDF5 file and evaluated again to show the same result, and
 ``runs/<run>/vs_scripted.json`` records the win rate with its 95% Wilson interval, the bot's hash, the config, the
 wall and CPU time of training.
@@ -25,11 +27,10 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from hpc_rl.config import build_config, register, to_yaml
-from hpc_rl.envs.scripted import ScriptedBot, scripted_bot_hash
+from hpc_rl.config import build_config, register
+from hpc_rl.envs.scripted import scripted_bot_hash
 from hpc_rl.evaluation import load_policy, play_vs_bot
-from hpc_rl.runner import RunnerConfig, SerialRunner
-from hpc_rl.storage import MetricsWriter, commit_checkpoint, prune_checkpoints, write_meta
+from hpc_rl.runner import SerialRunner
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("vs_scripted")
@@ -64,48 +65,37 @@ def main(argv: list[str]) -> int:
     run_dir = Path(config.runs_dir) / config.run_name
     if (run_dir / "checkpoints").exists():
         raise SystemExit(f"{run_dir} exists: pick a new run_name (this job does not resume)")
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(to_yaml(config))
-    write_meta(run_dir, job="vs_scripted", overrides=overrides, argv=sys.argv, bot_hash=scripted_bot_hash())
 
-    env = config.env.make()
-    runner = SerialRunner(env, RunnerConfig(num_envs=config.env.num_envs, segment_len=config.pipeline.segment_len,
-                                            seed=config.seed, step_seconds=config.env.step_seconds, log_every=0,
-                                            device="cpu"),
-                          config.ppo, config.model, config.env.reward_config(),
-                          opponent=ScriptedBot(config.env.moba).act, learning_agents=(0,), alternate_sides=True)
-    ckpt_dir, config_hash = run_dir / "checkpoints", config.config_hash()
+    runner = SerialRunner(config, overrides=tuple(overrides))
     progress: list[dict] = []
-    train_seconds = cpu_seconds = 0.0  # training only: progress evaluations are off the clock
+    clock = {"wall": 0.0, "cpu": 0.0}  # training only: progress evaluations are off the clock
+    last = (time.perf_counter(), time.process_time())
     next_eval = args.progress_minutes * 60 if args.progress_minutes > 0 else float("inf")
-    started = time.perf_counter()
-    with MetricsWriter(run_dir / "metrics.h5") as metrics:
-        while (cpu_seconds if args.clock == "cpu" else train_seconds) < args.minutes * 60:
-            t0, c0 = time.perf_counter(), time.process_time()
-            batch = runner.collect()
-            values = runner.learner.update(batch)
-            train_seconds += time.perf_counter() - t0
-            cpu_seconds += time.process_time() - c0
-            values.update(runner.stats(started))
-            version = runner.learner.version
-            metrics.log_many({k: v for k, v in values.items() if k != "perf/steps_per_s"}, version, runner.env_steps)
-            if version % 50 == 0:
-                log.info("version %d  %.1f min  steps %d  %.0f steps/s  training win rate %.2f  return %.2f", version,
-                         train_seconds / 60, runner.env_steps, runner.env_steps / train_seconds,
-                         values.get("stats/win_rate", float("nan")), values["stats/episode_return"])
-            if (cpu_seconds if args.clock == "cpu" else train_seconds) >= next_eval:
-                next_eval += args.progress_minutes * 60
-                result = play_vs_bot(runner.policy.eval(), config, "scripted", games=50, seed=args.eval_seed + version)
-                runner.policy.train()
-                progress.append({"version": version, "train_minutes": train_seconds / 60,
-                                 "train_cpu_minutes": cpu_seconds / 60, **result})
-                metrics.log("eval/win_rate_vs_scripted", version, runner.env_steps, result["win_rate"])
-                log.info("version %d: %d/%d wins against the scripted bot (%d draws)", version, result["wins"],
-                         result["games"], result["draws"])
-                commit_checkpoint(ckpt_dir, version, runner.learner.checkpoint_sections(), config_hash)
-                prune_checkpoints(ckpt_dir, config.pipeline.keep_last, config.pipeline.keep_every)
+
+    def on_update(run: SerialRunner, metrics: dict) -> bool:
+        nonlocal last, next_eval
+        clock["wall"] += time.perf_counter() - last[0]
+        clock["cpu"] += time.process_time() - last[1]
+        version = run.learner.version
+        if version % 50 == 0:
+            log.info("version %d  %.1f min  steps %d  %.0f steps/s  win rate in training %s", version,
+                     clock["wall"] / 60, run.env_steps, run.env_steps / clock["wall"],
+                     metrics.get("eval/win_rate_vs_scripted", "n/a"))
+        if clock[args.clock] >= next_eval:
+            next_eval += args.progress_minutes * 60
+            result = play_vs_bot(run.policy.eval(), config, "scripted", games=50, seed=args.eval_seed + version)
+            run.policy.train()
+            progress.append({"version": version, "train_minutes": clock["wall"] / 60,
+                             "train_cpu_minutes": clock["cpu"] / 60, **result})
+            log.info("version %d: %d/%d wins against the scripted bot (%d draws)", version, result["wins"],
+                     result["games"], result["draws"])
+        last = (time.perf_counter(), time.process_time())
+        return clock[args.clock] >= args.minutes * 60
+
+    runner.run(on_update)  # the controller commits every checkpoint_every versions and the last one
+    train_seconds, cpu_seconds = clock["wall"], clock["cpu"]
     version = runner.learner.version
-    commit_checkpoint(ckpt_dir, version, runner.learner.checkpoint_sections(), config_hash)
+    config_hash = config.config_hash()
 
     log.info("evaluating version %d: %d games, seed %d", version, args.eval_games, args.eval_seed)
     final = play_vs_bot(runner.policy.eval(), config, "scripted", games=args.eval_games, seed=args.eval_seed)

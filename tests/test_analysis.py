@@ -1,5 +1,6 @@
-"""Offline analysis: the maths against hand-computed cases and slow references, and every ``analysis/`` script run
-on synthetic run and sweep directories (real metrics.h5 files written by MetricsWriter) with its tables checked."""
+"""Offline analysis (``hpc_rl.study``, ``hpc_rl.stats``): the maths against hand-computed cases and slow references,
+and every ``analysis/`` script run on synthetic run and sweep directories (real metrics.h5 files written by
+MetricsWriter) with its tables checked."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import numpy as np
 import pytest
 import yaml
 
-from hpc_rl.analysis import (choose_baseline, default_metric, default_thresholds, first_crossing, load_runs,
-                             markdown_table, measured_reuse, measured_staleness, speedup, speedup_rows, spread,
-                             staleness_histogram, swept_key, trailing_mean, wilson_interval)
+from hpc_rl.stats import spread, trailing_mean, wilson_interval
+from hpc_rl.study import (choose_baseline, default_metric, default_thresholds, first_crossing, load_runs,
+                          markdown_table, measured_reuse, measured_staleness, speedup, speedup_rows,
+                          staleness_histogram, swept_key)
 from hpc_rl.storage import MetricsWriter
 from hpc_rl.storage.metrics import ROW
 

@@ -166,7 +166,7 @@ def _greedy_returns(run_dir: Path) -> tuple[np.ndarray, int]:
     from hpc_rl.evaluation import evaluate_return, load_policy
 
     policy, config, version = load_policy(run_dir)
-    return evaluate_return(policy, config, episodes=20, seed=2024), version
+    return evaluate_return(policy, config.env.make(num_envs=20), seed=2024), version
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ def test_vs_scripted_trains_evaluates_and_reloads_to_the_same_result(tmp_path):
     final = report["final"]
     assert final["games"] == 6 and final["wins"] + final["draws"] + final["losses"] == 6
     assert report["bot_hash"] == final["bot_hash"] == scripted_bot_hash()
-    assert report["train_cpu_seconds"] > 0 and report["env_steps"] == report["version"] * 4 * 64
+    assert report["train_cpu_seconds"] > 0 and report["env_steps"] >= report["version"] * 4 * 64
     assert open_run(tmp_path / "tiny").checkpoint_versions[-1] == report["version"]
     assert "wins against the scripted bot" in out.stdout
 

@@ -14,18 +14,18 @@ SB3's fall on the marks exactly.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import time
 
 import numpy as np
 
+from hpc_rl.algo.config import PPOConfig
 from hpc_rl.algo.schedules import constant
+from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
+from hpc_rl.evaluation import evaluate_return
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.config import ModelConfig
-from hpc_rl.algo.config import PPOConfig
-from hpc_rl.evaluation import evaluate
 from hpc_rl.runner import SerialRunner
 
 ENV_ID = "CartPole-v1"
@@ -35,9 +35,19 @@ TARGET = 475.0
 # minibatches. Policy and value share the LSTM and the value targets reach 1/(1 − γ) = 50, so the value loss gets a
 # weight of 0.1: with 0.5 its gradient swamped the policy's and seeds 0-2 needed 40k/10k/70k steps instead of
 # 20k/10k/10k.
-RUNNER = RunnerConfig(num_envs=8, segment_len=64, log_every=0, device="cpu")
+NUM_ENVS, SEGMENT_LEN = 8, 64
 PPO = PPOConfig(lr=constant(1e-3), gamma=constant(0.98), lam=0.8, epochs=10, num_minibatches=4, value_coef=0.1)
 MODEL = ModelConfig(lstm_size=64, embed_size=64)
+
+
+def cartpole_config(seed: int, runs_dir: str, max_steps: int) -> TrainConfig:
+    """The serial runner's run: one segment of every copy per update, up to ``max_steps`` env steps; one checkpoint,
+    at the end."""
+    versions = max(1, max_steps // (NUM_ENVS * SEGMENT_LEN))
+    return TrainConfig(run_name=f"cartpole-{seed}", runs_dir=runs_dir, seed=seed, model=MODEL, ppo=PPO,
+                       env=EnvConfig(name=f"gym:{ENV_ID}", num_envs=NUM_ENVS),
+                       pipeline=PipelineConfig(segment_len=SEGMENT_LEN, segments_per_batch=1, max_versions=versions,
+                                               checkpoint_every=versions))
 
 
 def add_arguments(parser) -> None:
@@ -63,11 +73,13 @@ class Clock:
 
 
 def run_hpc_rl(seed: int, max_steps: int, eval_every: int, eval_episodes: int) -> dict:
+    import tempfile
+
     from hpc_rl.envs.gym_adapter import GymVecEnv
 
-    env = GymVecEnv(ENV_ID, RUNNER.num_envs)
     eval_env = GymVecEnv(ENV_ID, eval_episodes)
-    runner = SerialRunner(env, dataclasses.replace(RUNNER, seed=seed), PPO, MODEL)
+    runs = tempfile.TemporaryDirectory()
+    runner = SerialRunner(cartpole_config(seed, runs.name, max_steps))
     clock = Clock()
     result = {"steps": math.inf, "seconds": math.inf}
     next_eval = eval_every
@@ -79,15 +91,16 @@ def run_hpc_rl(seed: int, max_steps: int, eval_every: int, eval_episodes: int) -
         next_eval += eval_every
         seconds = clock()
         t0 = time.perf_counter()
-        mean_return = float(evaluate(run.policy, eval_env, seed=10_000 + seed).mean())
+        mean_return = float(evaluate_return(run.policy, eval_env, seed=10_000 + seed).mean())
         clock.exclude(time.perf_counter() - t0)
         if mean_return >= TARGET:
             result.update(steps=run.env_steps, seconds=seconds)
             return True
         return False
 
-    runner.run(max_steps, on_update)
+    runner.run(on_update)
     result["steps_per_s"] = runner.env_steps / clock()
+    runs.cleanup()
     return result
 
 

@@ -99,7 +99,7 @@ def run(args) -> dict:
         from hpc_rl.evaluation import evaluate_return, load_policy
 
         policy, config, _ = load_policy(runs / "cartpole")
-        greedy = float(evaluate_return(policy, config, episodes=20, seed=7).mean())
+        greedy = float(evaluate_return(policy, config.env.make(num_envs=20), seed=7).mean())
         out.update({"cartpole_env_steps_per_s": cartpole["samples_per_s"], "cartpole_reuse": cartpole["reuse"],
                     "cartpole_staleness_mean": cartpole["staleness_mean"], "cartpole_greedy_return": greedy,
                     "cartpole_reached_475": greedy >= 475})

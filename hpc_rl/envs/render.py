@@ -15,7 +15,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from hpc_rl.envs.moba import HERO_TYPES, IALIVE, ISUB, ITEAM, UHP, UMAXHP, UVISION, UX, UY, MobaConfig, MobaEnv
-from hpc_rl.envs.scripted import make_bot, team_actions
+from hpc_rl.envs.scripted import make_bot
+from hpc_rl.play import play, team_agents
 
 TEAM_COLOURS = ((60, 110, 230), (220, 60, 50))
 BACKGROUND = (70, 120, 60)
@@ -78,22 +79,23 @@ def draw_frame(env: MobaEnv, copy: int = 0, team: int = 0, pixels: int = 384) ->
 
 def render_game(out: Path, config: MobaConfig, bots: tuple[str, str], seed: int, steps: int, every: int,
                 team: int = 0, pixels: int = 384) -> list[Path]:
-    """Play one game (at most ``steps`` steps) and write every ``every``-th frame and the GIF; return the PNG paths."""
+    """Play one game (at most ``steps`` steps; ``bots`` are team 0's and team 1's) and write every ``every``-th frame
+    and the GIF; return the PNG paths."""
     if steps < 1 or every < 1:
         raise ValueError(f"steps and every must be >= 1, got {steps}, {every}")
     if team not in (0, 1):
         raise ValueError(f"team must be 0 or 1, got {team}")
     out.mkdir(parents=True, exist_ok=True)
     env = MobaEnv(config, 1)
-    players = [make_bot(name, config, seed=seed + i) for i, name in enumerate(bots)]
-    obs = env.reset(seed)
-    frames = [draw_frame(env, team=team, pixels=pixels)]
-    for t in range(1, steps + 1):
-        obs, _, dones, _ = env.step(team_actions(env.spec, [bot.act(obs) for bot in players]))
-        if dones[0]:  # the env has already started the next game: nothing more of this one to draw
-            break
-        if t % every == 0:
+    players = [(make_bot(name, config, seed=seed + side), team_agents(env.spec, np.full(1, side)))
+               for side, name in enumerate(bots)]
+    frames = []
+
+    def draw(t: int, finished: np.ndarray) -> None:
+        if t % every == 0 and not finished[0]:  # once it has ended the env has started the next game: not drawn
             frames.append(draw_frame(env, team=team, pixels=pixels))
+
+    play(env, players, seed, on_step=draw, max_steps=steps)
     paths = []
     for i, frame in enumerate(frames):
         paths.append(out / f"frame_{i:05d}.png")

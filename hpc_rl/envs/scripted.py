@@ -1,9 +1,10 @@
 """Reference opponents for ``moba``: ``random`` and the frozen ``scripted`` bot, both acting on the learner's Obs.
 
 Both see exactly what a learner sees (the observation dict with fog of war and masks) and act for every agent of every
-copy at once, with numpy (no per-copy loop). The scripted bot is a fixed reference that later results are measured
-against: its behaviour is frozen, ``SCRIPTED_VERSION`` names it, and ``scripted_bot_hash()`` (SHA-256 of this file's
-source and the parameters) is recorded with every evaluation so that two results are comparable only if it matches.
+copy at once, with numpy (no per-copy loop); both are actors (``hpc_rl.actors.Actor``) without memory. The scripted
+bot is a fixed reference that later results are measured against: its behaviour is frozen, ``SCRIPTED_VERSION``
+names it, and ``scripted_bot_hash()`` (SHA-256 of this file's source and the parameters) is recorded with every
+evaluation so that two results are comparable only if it matches.
 
 The scripted heuristic, in priority order for each hero:
 
@@ -29,9 +30,10 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from hpc_rl.envs.api import Actions, EnvSpec, Obs
+from hpc_rl.envs.api import Actions, Obs
 from hpc_rl.envs.moba import (A_ATTACK, A_MOVE, A_NOOP, A_SKILL, FOUNTAIN_RADIUS, MOVE_DX, MOVE_DY, ROW_TOWER, US_RANGE,
                               UNIT_STATS, MobaConfig, MobaEnv)
+from hpc_rl.play import play, team_agents
 
 SCRIPTED_VERSION = 1
 
@@ -83,6 +85,9 @@ class RandomBot:
                 "move": _uniform_choice(obs["move_mask"], self.rng),
                 "target": _uniform_choice(obs["target_mask"], self.rng)}
 
+    def reset(self, done: np.ndarray) -> None:
+        """Nothing to forget: every choice depends on the current observation only."""
+
 
 class ScriptedBot:
     """The frozen heuristic of the module docstring, for a ``moba`` configuration."""
@@ -113,6 +118,9 @@ class ScriptedBot:
                   obs["entities/bases"], obs["entities/bases/mask"], obs["action_mask"], obs["move_mask"],
                   obs["target_mask"], self.thresholds, self.lane, MOVE_DX, MOVE_DY, action, move, target)
         return {"action": action, "move": move, "target": target}
+
+    def reset(self, done: np.ndarray) -> None:
+        """Nothing to forget: the heuristic reads the current observation only."""
 
 
 @njit(cache=True)
@@ -235,32 +243,18 @@ def make_bot(name: str, config: MobaConfig, seed: int = 0) -> RandomBot | Script
     raise ValueError(f"unknown bot {name!r}; choose 'random' or 'scripted'")
 
 
-def team_actions(spec: EnvSpec, per_team: list[Actions]) -> Actions:
-    """Merge one action dict per team (each covering all agents) into one: agents take their team's entry."""
-    if len(per_team) != spec.num_teams:
-        raise ValueError(f"need one action dict per team ({spec.num_teams}), got {len(per_team)}")
-    team = np.asarray(spec.agent_team)
-    return {k: np.choose(team[None, :], [acts[k] for acts in per_team]) for k in per_team[0]}
-
-
 def play_games(config: MobaConfig, bots: tuple[str, str], num_games: int, seed: int) -> dict:
     """Play ``num_games`` games at once, ``bots[0]`` as team 0 and ``bots[1]`` as team 1; return the tally.
 
     Every copy plays one game (copies that finish early start a second one, which is not counted).
     """
     env = MobaEnv(config, num_games)
-    players = [make_bot(name, config, seed=seed + 1000 * (i + 1)) for i, name in enumerate(bots)]
-    obs = env.reset(seed)
-    winner = np.full(num_games, -2, dtype=np.int64)
-    length = np.zeros(num_games, dtype=np.int64)
-    while (winner == -2).any():
-        obs, _, dones, infos = env.step(team_actions(env.spec, [bot.act(obs) for bot in players]))
-        first = dones & (winner == -2)
-        winner[first] = infos["winner"][first]
-        length[first] = infos["episode_length"][first]
-    return {"bots": list(bots), "num_games": num_games, "wins_team0": int((winner == 0).sum()),
-            "wins_team1": int((winner == 1).sum()), "draws": int((winner == -1).sum()),
-            "mean_length": float(length.mean()), "scripted_version": SCRIPTED_VERSION,
+    players = [(make_bot(name, config, seed=seed + 1000 * (team + 1)), team_agents(env.spec, np.full(num_games, team)))
+               for team, name in enumerate(bots)]
+    games = play(env, players, seed)
+    return {"bots": list(bots), "num_games": num_games, "wins_team0": int((games.winner == 0).sum()),
+            "wins_team1": int((games.winner == 1).sum()), "draws": int((games.winner == -1).sum()),
+            "mean_length": float(games.length.mean()), "scripted_version": SCRIPTED_VERSION,
             "scripted_hash": scripted_bot_hash()}
 
 

@@ -23,14 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from hpc_rl.config import TrainConfig, to_yaml
-from hpc_rl.analysis import wilson_interval
 from hpc_rl.league.pool import OpponentPool
-from hpc_rl.league.evaluate import RatingBook, rating_line
+from hpc_rl.league.tournament import RatingBook, rating_line
 from hpc_rl.roles.common import Backoff, StopFlag
 from hpc_rl.roles.control import ControlEndpoint
 from hpc_rl.roles.protocol import (TAG_ACCOUNTING, TAG_CHECKPOINT, TAG_DONE, TAG_EVALUATION, TAG_HALT, TAG_HEARTBEAT,
                                    TAG_METRICS, TAG_POOL, TAG_POOL_RESULT, TAG_STOP)
 from hpc_rl.slurm import slurm_job_id
+from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_latest, prune_checkpoints, read_pool,
                             write_pool)
 from hpc_rl.storage.checkpoint import checkpoint_name

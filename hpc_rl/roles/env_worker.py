@@ -109,6 +109,8 @@ class EnvWorker:
             for head in actions:
                 actions[head][:self.scripted][self.bot_agents] = bot[head][:self.scripted][self.bot_agents]
         self.obs, self.events, self.done, infos = self.env.step(actions)
+        if self.bot is not None:
+            self.bot.reset(self.done)
         self.game_steps += 1
         self.game_steps[self.done] = 0
         self.winner = np.asarray(infos["winner"], np.int64)

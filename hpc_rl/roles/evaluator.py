@@ -21,7 +21,7 @@ from pathlib import Path
 from hpc_rl.config import TrainConfig
 from hpc_rl.envs.scripted import scripted_bot_hash
 from hpc_rl.evaluation import play_match, policy_from_checkpoint
-from hpc_rl.league.evaluate import REFERENCES, last_rated_version, pair_seed, version_name
+from hpc_rl.league.tournament import REFERENCES, last_rated_version, pair_seed, version_name
 from hpc_rl.storage import CheckpointError, load_checkpoint
 from hpc_rl.storage.checkpoint import checkpoint_name, committed_versions
 from hpc_rl.storage.run import CHECKPOINT_DIR

@@ -1,13 +1,15 @@
-"""Offline analysis of run and sweep directories: the maths behind the plots of ``analysis/`` (no MPI, no torch).
+"""The library of the offline scripts in ``analysis/``: reading run and sweep directories, OpenAI Five's speed-up
+(eq. 2), data-quality figures, and the tables and plots the scripts write (no MPI, no torch).
 
     runs = load_runs(["runs/ablation_staleness", "runs/my_run"])   # a sweep expands to its members
     name = default_metric(runs)                                      # TrueSkill, else win rate vs scripted, else return
     v = first_crossing(versions, values, threshold)                  # OpenAI Five eq. 2, numerator and denominator
     speedup(v_baseline, v_member)
 
-The pure functions (``wilson_interval``, ``first_crossing``, ``speedup``, ``staleness_histogram``,
-``measured_staleness``, ``measured_reuse``, ``spread``, ``speedup_rows``) take arrays and numbers, so the tests can
-check them against hand-computed cases; loading and table formatting are kept apart from them.
+The pure functions (``first_crossing``, ``speedup``, ``staleness_histogram``, ``measured_staleness``,
+``measured_reuse``, ``speedup_rows``) take arrays and numbers, so the tests can check them against hand-computed
+cases; loading and table formatting are kept apart from them. The small statistics the scripts share with training
+(``wilson_interval``, ``trailing_mean``, ``spread``) are in ``hpc_rl.stats``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hpc_rl.stats import Spread, spread
 from hpc_rl.storage import open_run
 from hpc_rl.storage.run import CONFIG_FILE, METRICS_FILE
 
@@ -47,33 +50,6 @@ NOT_SWEPT = {"seed", "run_name", "runs_dir"}
 
 
 # --- pure computations ----------------------------------------------------------------------------------------
-def wilson_interval(wins: float, games: float, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a win rate: the p with (p̂ − p)² ≤ z² p (1 − p) / n. Unlike p̂ ± z·se it stays
-    inside [0, 1] and is not empty at 0 or n wins, which matters for the few games a short run finishes."""
-    if games < 0 or wins < 0 or wins > games:
-        raise ValueError(f"need 0 <= wins <= games, got wins={wins}, games={games}")
-    if games == 0:
-        return 0.0, 1.0
-    p = wins / games
-    centre = (p + z * z / (2 * games)) / (1 + z * z / games)
-    half = z * math.sqrt(p * (1 - p) / games + z * z / (4 * games * games)) / (1 + z * z / games)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
-    """Mean of each value and the ``window - 1`` before it (fewer at the start): causal, so a crossing found on the
-    smoothed series happens no earlier than the data that caused it."""
-    if window < 1:
-        raise ValueError(f"smoothing window must be >= 1, got {window}")
-    values = np.asarray(values, dtype=np.float64)
-    if window == 1 or values.size == 0:
-        return values.copy()
-    csum = np.concatenate([[0.0], np.cumsum(values)])
-    idx = np.arange(1, values.size + 1)
-    lo = np.maximum(idx - window, 0)
-    return (csum[idx] - csum[lo]) / (idx - lo)
-
-
 def first_crossing(versions: np.ndarray, values: np.ndarray, threshold: float) -> int | None:
     """The first version whose value is >= ``threshold`` ("versions to first reach T" of OpenAI Five's eq. 2), or
     None if the run never reaches it. NaN values (versions with no games to rate) never count as reaching."""
@@ -130,41 +106,6 @@ def measured_reuse(metrics: dict[str, np.ndarray]) -> float:
     if "data/reuse" not in metrics:
         raise ValueError("run has no data/reuse series")
     return float(np.nanmean(metrics["data/reuse"]["value"]))
-
-
-@dataclass(frozen=True)
-class Spread:
-    """A statistic over seeds: the values that exist (runs that reached), and how many runs there were."""
-
-    values: tuple[float, ...]
-    runs: int
-
-    @property
-    def n(self) -> int:
-        return len(self.values)
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.values)) if self.values else float("nan")
-
-    @property
-    def std(self) -> float:
-        """Sample standard deviation (ddof 1); 0 for a single value."""
-        return float(np.std(self.values, ddof=1)) if self.n > 1 else 0.0 if self.n else float("nan")
-
-    @property
-    def min(self) -> float:
-        return float(np.min(self.values)) if self.values else float("nan")
-
-    @property
-    def max(self) -> float:
-        return float(np.max(self.values)) if self.values else float("nan")
-
-
-def spread(values: Iterable[float | None]) -> Spread:
-    """Spread over seeds, None (a seed that never reached a threshold) counted in ``runs`` but not in the stats."""
-    values = list(values)
-    return Spread(tuple(float(v) for v in values if v is not None), len(values))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Ratings of trained policies: matches between policies, jobs/evaluate.py's tournament, evaluator ranks."""
+"""Ratings of trained policies: the controller's rating book, jobs/tournament.py's round robin, evaluator ranks."""
 
 import importlib.util
 import json
@@ -13,9 +13,8 @@ import torch
 
 from hpc_rl.config import EnvConfig, TrainConfig, to_yaml
 from hpc_rl.envs.moba import MobaConfig
-from hpc_rl.evaluation import play_match
 from hpc_rl.launch import rank_env
-from hpc_rl.league.evaluate import RATINGS_FILE, RatingBook, last_rated_version
+from hpc_rl.league.tournament import RATINGS_FILE, RatingBook, last_rated_version
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.policy import Policy
 from hpc_rl.storage import MetricsWriter, commit_checkpoint, open_run, write_meta
@@ -40,27 +39,6 @@ def _config(time_limit: int) -> TrainConfig:
 def _policy(config: TrainConfig, seed: int) -> Policy:
     torch.manual_seed(seed)
     return Policy(config.env.make(num_envs=1).spec, config.model).eval()
-
-
-def test_sides_alternate_and_results_are_counted_from_the_first_players_side():
-    config = _config(time_limit=9000)
-    strong = play_match("scripted", "random", config, games=4, seed=3)
-    weak = play_match("random", "scripted", config, games=4, seed=3)
-    # The scripted bot beats random from either side (it is team 0 in copies 0 and 2, team 1 in 1 and 3).
-    assert strong["wins"] >= 3 and strong["scores"][1] == strong["scores"][3] == 1.0
-    assert weak["losses"] >= 3 and weak["wins"] + weak["draws"] + weak["losses"] == 4
-    with pytest.raises(ValueError, match="even"):
-        play_match("scripted", "random", config, games=3, seed=0)
-
-
-def test_two_policies_play_deterministically_for_a_fixed_seed():
-    config = _config(time_limit=200)
-    a, b = _policy(config, 1), _policy(config, 2)
-    steps = []
-    first = play_match(a, b, config, games=4, seed=7, on_step=lambda: steps.append(1))
-    assert play_match(a, b, config, games=4, seed=7) == first
-    assert first["wins"] + first["draws"] + first["losses"] == 4 and len(first["scores"]) == 4
-    assert len(steps) >= 200  # on_step ran after every env step (games last up to the time limit)
 
 
 def _matches(scores_random, scores_scripted):
@@ -93,10 +71,10 @@ def test_rating_book_writes_figures_and_a_resumed_run_continues_its_table(tmp_pa
     assert json.loads((tmp_path / RATINGS_FILE).read_text())["records"][-1]["version"] == 6
 
 
-# --- jobs/evaluate.py ----------------------------------------------------------------------------------------
+# --- jobs/tournament.py --------------------------------------------------------------------------------------
 def _tiny_run(path: Path, versions=(2, 4), time_limit: int = 2500) -> Path:
     """A finished pipeline-like run: config.yaml, meta.json then status.json, training metrics, and checkpoints
-    of freshly initialised policies (what jobs/evaluate.py reads)."""
+    of freshly initialised policies (what jobs/tournament.py reads)."""
     config = _config(time_limit)
     path.mkdir(parents=True)
     (path / "config.yaml").write_text(to_yaml(config))
@@ -111,8 +89,8 @@ def _tiny_run(path: Path, versions=(2, 4), time_limit: int = 2500) -> Path:
     return path
 
 
-def _evaluate(*args, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, str(ROOT / "jobs/evaluate.py"), *map(str, args)], capture_output=True,
+def _tournament(*args, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, str(ROOT / "jobs/tournament.py"), *map(str, args)], capture_output=True,
                          text=True, timeout=400, env=rank_env(), cwd=ROOT)
     if check:
         assert out.returncode == 0, out.stdout + out.stderr
@@ -127,9 +105,9 @@ def _table(stdout: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_evaluate_rates_every_version_writes_eval_series_and_is_deterministic(tmp_path):
+def test_tournament_rates_every_version_writes_eval_series_and_is_deterministic(tmp_path):
     run_dir = _tiny_run(tmp_path / "run")
-    out = _evaluate(run_dir, "--games", 4, "--seed", 5)
+    out = _tournament(run_dir, "--games", 4, "--seed", 5)
     assert "[6/6]" in out.stdout  # progress, one line per pair (2 versions + random + scripted)
     metrics = open_run(run_dir).metrics
     policy = metrics["eval/trueskill/policy"]
@@ -147,42 +125,42 @@ def test_evaluate_rates_every_version_writes_eval_series_and_is_deterministic(tm
     assert metrics["eval/trueskill/scripted"]["value"][0] > 0 and metrics["eval/elo/scripted"]["value"][0] > 0
 
     # Same seed, same games, same figures (--print-only: nothing written the second time).
-    again = _evaluate(run_dir, "--games", 4, "--seed", 5, "--print-only")
+    again = _tournament(run_dir, "--games", 4, "--seed", 5, "--print-only")
     assert _table(again.stdout) == _table(out.stdout)
     rerun = open_run(run_dir).metrics
     assert all(np.array_equal(rerun[name], rows) for name, rows in metrics.items())
 
 
-def _evaluate_in_process(*args) -> None:
-    """jobs/evaluate.py's main in this process (no interpreter start-up per call)."""
-    spec = importlib.util.spec_from_file_location("evaluate_job", ROOT / "jobs/evaluate.py")
+def _tournament_in_process(*args) -> None:
+    """jobs/tournament.py's main in this process (no interpreter start-up per call)."""
+    spec = importlib.util.spec_from_file_location("tournament_job", ROOT / "jobs/tournament.py")
     job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job)
     assert job.main([str(a) for a in args]) == 0
 
 
 @pytest.mark.slow
-def test_evaluate_refuses_a_run_being_written(tmp_path):
+def test_tournament_refuses_a_run_being_written(tmp_path):
     run_dir = _tiny_run(tmp_path / "run", versions=(2,), time_limit=100)
     status = run_dir / "status.json"  # resumed: the controller wrote meta.json again, status.json is older
     os.utime(status, (status.stat().st_mtime - 60,) * 2)
     with pytest.raises(SystemExit, match="refusing to write.*still running"):
-        _evaluate_in_process(run_dir, "--games", 2)
+        _tournament_in_process(run_dir, "--games", 2)
     (run_dir / "status.json").write_text(json.dumps({"state": "finished", "version": 2}))
     with MetricsWriter(run_dir / "metrics.h5"):  # a controller holding metrics.h5 in SWMR mode (another process:
-        out = _evaluate(run_dir, "--games", 2, check=False)  # HDF5 shares a file opened twice in one process)
+        out = _tournament(run_dir, "--games", 2, check=False)  # HDF5 shares a file opened twice in one process)
     assert out.returncode != 0 and "open for writing elsewhere" in out.stderr
     with MetricsWriter(run_dir / "metrics.h5") as metrics:  # ratings an evaluator rank wrote during training
         metrics.log("eval/trueskill/policy", 2, 2000, 1.5)
     with pytest.raises(SystemExit, match="--replace"):
-        _evaluate_in_process(run_dir, "--games", 2)
+        _tournament_in_process(run_dir, "--games", 2)
     assert open_run(run_dir).metrics["eval/trueskill/policy"]["value"].tolist() == [1.5]
-    _evaluate_in_process(run_dir, "--games", 2, "--replace")
+    _tournament_in_process(run_dir, "--games", 2, "--replace")
     assert open_run(run_dir).metrics["eval/trueskill/policy"]["wall_time"].tolist() == [200.0]  # replaced
-    _evaluate_in_process(run_dir, "--games", 2, "--seed", 1)  # its own series: a rerun replaces them
+    _tournament_in_process(run_dir, "--games", 2, "--seed", 1)  # its own series: a rerun replaces them
     assert open_run(run_dir).metrics["eval/trueskill/policy"]["version"].tolist() == [2]
     with pytest.raises(SystemExit, match=r"no committed checkpoint for version\(s\) \[3\]"):
-        _evaluate_in_process(run_dir, "--versions", 3)
+        _tournament_in_process(run_dir, "--versions", 3)
 
 
 # --- evaluator ranks in the pipeline ------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Rate a run's committed checkpoints against random, the frozen scripted bot and each other (MOBA runs).
 
-    python jobs/evaluate.py runs/my_run                          # every committed version, 16 games per pair
-    python jobs/evaluate.py runs/my_run --versions 50 100 --games 64 --seed 1
-    python jobs/evaluate.py runs/my_run --print-only             # rate and print, write nothing
+    python jobs/tournament.py runs/my_run                          # every committed version, 16 games per pair
+    python jobs/tournament.py runs/my_run --versions 50 100 --games 64 --seed 1
+    python jobs/tournament.py runs/my_run --print-only             # rate and print, write nothing
 
 Every pair of players (the chosen versions, random, scripted) plays --games mirrored games with sides alternating,
 seeded from --seed and the pair: the same arguments give the same games and the same figures. From that tournament:
@@ -51,8 +51,8 @@ def main(argv: list[str]) -> int:
     set_torch_threads()  # one thread: deterministic results, and no oversubscription beside running jobs
     from hpc_rl.envs.scripted import scripted_bot_hash
     from hpc_rl.evaluation import load_policy
-    from hpc_rl.league.evaluate import (REFERENCES, foreign_series, format_table, metrics_writable, play_tournament,
-                                        rate_tournament, run_in_progress, version_name, write_ratings)
+    from hpc_rl.league.tournament import (REFERENCES, foreign_series, format_table, metrics_writable, play_tournament,
+                                          rate_tournament, run_in_progress, version_name, write_ratings)
     from hpc_rl.storage import CheckpointError, open_run
 
     def being_written() -> str | None:
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"version {v}: {err}") from err
         players[version_name(v)] = policy
     if not config.env.is_moba:
-        raise SystemExit(f"{args.run_dir} trains {config.env.name}: jobs/evaluate.py rates MOBA runs (two teams); "
+        raise SystemExit(f"{args.run_dir} trains {config.env.name}: jobs/tournament.py rates MOBA runs (two teams); "
                          "rate a Gymnasium run's greedy return with hpc_rl.evaluation.evaluate_return")
     pairs = len(players) * (len(players) - 1) // 2
     print(f"rating {len(versions)} version(s) of {args.run_dir} against {', '.join(REFERENCES)} and each other: "

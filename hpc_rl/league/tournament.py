@@ -14,7 +14,7 @@ the maximum-likelihood Bradley-Terry fit of the whole tournament (random at 0), 
 mixture: 0 means "as good as the Nash mixture", negative means exploitable by it.
 
 Every figure is written with the number of games behind it. Two rules keep ``metrics.h5`` consistent: the offline
-tournament (``jobs/evaluate.py``) never writes into a run that is still being written (``run_in_progress``), and it
+tournament (``jobs/tournament.py``) never writes into a run that is still being written (``run_in_progress``), and it
 replaces the series it wrote before rather than appending to them.
 """
 
@@ -43,7 +43,7 @@ ANCHOR = "random"
 POLICY = "policy"  # the name of a rated version's figures in metrics.h5 (one row per version)
 RATINGS_FILE = "ratings.json"  # the controller's TrueSkill table, so that a resumed run continues it
 STATUS_FILE = "status.json"
-OFFLINE_SOURCE = "jobs/evaluate.py"  # attribute of the series the offline tournament wrote (it may replace them)
+OFFLINE_SOURCE = "jobs/tournament.py"  # attribute of the series the offline tournament wrote (it may replace them)
 # Series families written by both the evaluator ranks (via the controller) and the offline tournament.
 FAMILIES = ("trueskill", "trueskill_sigma", "games", "win_rate", "draw_rate", "games_vs")
 OFFLINE_FAMILIES = FAMILIES + ("elo", "nash", "nash_weight")
