@@ -24,6 +24,7 @@ from hpc_rl.model.tree import to_torch_tree
 from hpc_rl.play import play, team_agents
 from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import Checkpoint, open_run
+from hpc_rl.storage.layout import RunLayout
 
 Player = Policy | str  # a policy, or the name of a reference bot ("random", "scripted")
 
@@ -38,7 +39,7 @@ def policy_from_checkpoint(ckpt: Checkpoint, config: TrainConfig) -> Policy:
 def load_policy(run_dir: str | Path, version: int | None = None) -> tuple[Policy, TrainConfig, int]:
     """The policy of a run's checkpoint (latest good one by default), its config and its version."""
     run = open_run(run_dir)
-    config = build_config(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()))
+    config = build_config(yaml.safe_load(RunLayout(run_dir).config.read_text()))
     ckpt = run.load_checkpoint(version)
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint")

@@ -25,9 +25,8 @@ import numpy as np
 
 from hpc_rl.stats import Spread, spread
 from hpc_rl.storage import open_run
-from hpc_rl.storage.run import CONFIG_FILE, METRICS_FILE
+from hpc_rl.storage.layout import INDEX_FILE, RunLayout, runs_index
 
-INDEX_FILE = "index.tsv"
 STALENESS_BINS = 16  # data/staleness_hist/00 .. 15; the last bin counts staleness >= 15
 TRUESKILL_PREFIX = "eval/trueskill/"
 TRUESKILL_POLICY = "eval/trueskill/policy"  # the trained policy's rating; other players are reference agents
@@ -217,18 +216,18 @@ def _read_run(path: Path, label: str, overrides: str = "", sweep: str | None = N
 
 
 def is_sweep(path: str | Path) -> bool:
-    return (Path(path) / INDEX_FILE).is_file()
+    return runs_index(path).is_file()
 
 
 def read_index(sweep: str | Path) -> dict[str, str]:
     """``index.tsv`` as {run_name: overrides}, in first-seen order; a name listed again keeps its last overrides."""
     index: dict[str, str] = {}
-    for number, line in enumerate((Path(sweep) / INDEX_FILE).read_text().splitlines(), 1):
+    for number, line in enumerate(runs_index(sweep).read_text().splitlines(), 1):
         if not line.strip():
             continue
         name, _, overrides = line.partition("\t")
         if not name:
-            raise ValueError(f"{Path(sweep) / INDEX_FILE}:{number}: empty run name")
+            raise ValueError(f"{runs_index(sweep)}:{number}: empty run name")
         index[name] = overrides.strip()
     return index
 
@@ -240,12 +239,12 @@ def load_sweep(path: str | Path) -> list[RunData]:
     members = []
     for name, overrides in read_index(path).items():
         run_dir = path / name
-        if not (run_dir / METRICS_FILE).is_file():
-            print(f"note: {run_dir} has no {METRICS_FILE}; member skipped")
+        if not RunLayout(run_dir).metrics.is_file():
+            print(f"note: {run_dir} has no metrics.h5; member skipped")
             continue
         members.append(_read_run(run_dir, f"{path.name}/{name}", overrides, sweep=path.name))
     if not members:
-        raise ValueError(f"sweep {path} has no member with a {METRICS_FILE}")
+        raise ValueError(f"sweep {path} has no member with a metrics.h5")
     return members
 
 
@@ -255,10 +254,10 @@ def load_runs(paths: Iterable[str | Path]) -> list[RunData]:
     for p in map(Path, paths):
         if is_sweep(p):
             runs += load_sweep(p)
-        elif (p / METRICS_FILE).is_file() or (p / CONFIG_FILE).is_file():
+        elif RunLayout(p).metrics.is_file() or RunLayout(p).config.is_file():
             runs.append(_read_run(p, p.name))
         else:
-            raise ValueError(f"{p} is neither a run directory (no {METRICS_FILE}) nor a sweep directory (no "
+            raise ValueError(f"{p} is neither a run directory (no metrics.h5) nor a sweep directory (no "
                              f"{INDEX_FILE})")
     return runs
 

@@ -31,6 +31,7 @@ from hpc_rl.config import build_config, register
 from hpc_rl.envs.scripted import scripted_bot_hash
 from hpc_rl.evaluation import load_policy, play_vs_bot
 from hpc_rl.runner import SerialRunner
+from hpc_rl.storage.layout import RunLayout
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("vs_scripted")
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit("jobs/vs_scripted.py trains MOBA 1v1 (env=moba_1v1)")
     torch.set_num_threads(1)
     run_dir = Path(config.runs_dir) / config.run_name
-    if (run_dir / "checkpoints").exists():
+    if RunLayout(run_dir).checkpoints.exists():
         raise SystemExit(f"{run_dir} exists: pick a new run_name (this job does not resume)")
 
     runner = SerialRunner(config, overrides=tuple(overrides))
@@ -110,7 +111,7 @@ def main(argv: list[str]) -> int:
         "reload_matches": (reloaded["wins"], reloaded["draws"]) == (final["wins"], final["draws"]),
         "bot_hash": scripted_bot_hash(), "config_hash": config_hash, "overrides": overrides, "progress": progress,
     }
-    (run_dir / "vs_scripted.json").write_text(json.dumps(report, indent=2) + "\n")
+    RunLayout(run_dir).report("vs_scripted").write_text(json.dumps(report, indent=2) + "\n")
     low, high = final["win_rate_ci95"]
     print(f"version {version} after {train_seconds / 60:.1f} min ({cpu_seconds / 60:.1f} CPU min): "
           f"{final['wins']}/{final['games']} wins against the scripted bot = {final['win_rate']:.1%} "

@@ -79,3 +79,11 @@ def test_wrong_world_size_is_a_clear_error_on_every_rank(tmp_path):
     assert out.returncode != 0
     assert "the topology needs 6 ranks" in out.stdout + out.stderr and "has 3" in out.stdout + out.stderr
     assert not (tmp_path / "default").exists()
+
+
+def test_composing_a_config_loads_no_training_stack():
+    """A sweep is composed on a login node: the config and its checks import neither torch, numba nor mpi4py."""
+    code = ("import sys; from hpc_rl.config import TrainConfig, build_config; build_config({'seed': 1}); "
+            "TrainConfig().config_hash(); print(sorted(m for m in ('torch', 'numba', 'mpi4py') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

@@ -14,10 +14,11 @@ import torch
 from hpc_rl.config import EnvConfig, TrainConfig, to_yaml
 from hpc_rl.envs.moba import MobaConfig
 from hpc_rl.launch import rank_env
-from hpc_rl.league.tournament import RATINGS_FILE, RatingBook, last_rated_version
+from hpc_rl.league.tournament import RatingBook, last_rated_version
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.policy import Policy
 from hpc_rl.storage import MetricsWriter, commit_checkpoint, open_run, write_meta
+from hpc_rl.storage.layout import RunLayout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,7 +69,7 @@ def test_rating_book_writes_figures_and_a_resumed_run_continues_its_table(tmp_pa
     resumed = RatingBook.load(tmp_path, resume_version=5)
     assert resumed.last_version == 4
     assert resumed.add(6, results[6]) == figures[6]
-    assert json.loads((tmp_path / RATINGS_FILE).read_text())["records"][-1]["version"] == 6
+    assert json.loads(RunLayout(tmp_path).ratings.read_text())["records"][-1]["version"] == 6
 
 
 # --- jobs/tournament.py --------------------------------------------------------------------------------------
@@ -180,7 +181,7 @@ def test_evaluator_rank_rates_committed_versions_into_metrics(mpi, tmp_path):
     for name, value in (("eval/games/policy", 8.0), ("eval/games_vs/random", 4.0), ("eval/games_vs/scripted", 4.0)):
         assert list(run.metrics[name]["version"]) == versions and set(run.metrics[name]["value"]) == {value}, name
     assert list(run.metrics["eval/trueskill/scripted"]["version"]) == versions
-    records = json.loads((tmp_path / "rated" / RATINGS_FILE).read_text())["records"]
+    records = json.loads(RunLayout(tmp_path / "rated").ratings.read_text())["records"]
     assert [r["version"] for r in records] == versions
     assert records[-1]["ratings"]["random"][2] == 4 * len(versions)  # random's games carry over between versions
     assert f"eval v{8:5d}  TrueSkill" in out.stdout

@@ -36,13 +36,11 @@ import trueskill
 from hpc_rl.league.ratings import TrueSkillTable, elo_from_results, nash_average
 from hpc_rl.storage.checkpoint import _replace_durably
 from hpc_rl.storage.metrics import GROUP, ROW, read_metrics
-from hpc_rl.storage.run import META_FILE, METRICS_FILE
+from hpc_rl.storage.layout import RunLayout
 
 REFERENCES = ("random", "scripted")  # the fixed reference agents; random is the anchor (rating 0)
 ANCHOR = "random"
 POLICY = "policy"  # the name of a rated version's figures in metrics.h5 (one row per version)
-RATINGS_FILE = "ratings.json"  # the controller's TrueSkill table, so that a resumed run continues it
-STATUS_FILE = "status.json"
 OFFLINE_SOURCE = "jobs/tournament.py"  # attribute of the series the offline tournament wrote (it may replace them)
 # Series families written by both the evaluator ranks (via the controller) and the offline tournament.
 FAMILIES = ("trueskill", "trueskill_sigma", "games", "win_rate", "draw_rate", "games_vs")
@@ -170,14 +168,15 @@ def run_in_progress(run_dir: str | Path) -> str | None:
     ``status.json`` is missing or older than its ``meta.json`` is running, or ended without finishing (a crash).
     ``metrics_writable`` adds HDF5's own guard (the file's open-for-write flag).
     """
-    run_dir = Path(run_dir)
-    meta_path, status_path = run_dir / META_FILE, run_dir / STATUS_FILE
+    layout = RunLayout(run_dir)
+    meta_path, status_path = layout.meta, layout.status
     if not meta_path.is_file() or "roles" not in json.loads(meta_path.read_text()):
-        return None  # not written by the pipeline's controller (e.g. the serial jobs/vs_scripted.py)
+        return None  # not written by a controller
     if not status_path.is_file():
-        return f"{run_dir} has no {STATUS_FILE}: its controller is still running (or ended without finishing)"
+        return (f"{run_dir} has no {status_path.name}: its controller is still running (or ended without "
+                "finishing)")
     if status_path.stat().st_mtime < meta_path.stat().st_mtime:
-        return (f"{run_dir}/{STATUS_FILE} is older than its {META_FILE}: the run was resumed and its controller is "
+        return (f"{status_path} is older than its {meta_path.name}: the run was resumed and its controller is "
                 "still running (or ended without finishing)")
     return None
 
@@ -185,7 +184,7 @@ def run_in_progress(run_dir: str | Path) -> str | None:
 def metrics_writable(run_dir: str | Path) -> str | None:
     """Why ``metrics.h5`` cannot be opened for writing now (a writer holds it in SWMR mode, or crashed holding it),
     or None."""
-    path = Path(run_dir) / METRICS_FILE
+    path = RunLayout(run_dir).metrics
     if not path.is_file():
         return None
     try:
@@ -199,7 +198,7 @@ def metrics_writable(run_dir: str | Path) -> str | None:
 def _version_rows(run_dir: Path) -> dict[int, tuple[int, float]]:
     """(env steps, wall time) of every version the training logged, so ratings line up with training in plots."""
     rows: dict[int, tuple[int, float]] = {}
-    for name, series in read_metrics(run_dir / METRICS_FILE).items():
+    for name, series in read_metrics(RunLayout(run_dir).metrics).items():
         if not name.startswith("eval/"):
             for version, step, wall in zip(series["version"], series["step"], series["wall_time"]):
                 rows.setdefault(int(version), (int(step), float(wall)))
@@ -249,7 +248,7 @@ def _draws(t: Tournament, a: str, b: str) -> int:
 def foreign_series(run_dir: str | Path) -> list[str]:
     """``eval/*`` series of the families the offline tournament writes that it did not write itself (the ratings
     of evaluator ranks during training): replacing them would lose them."""
-    path = Path(run_dir) / METRICS_FILE
+    path = RunLayout(run_dir).metrics
     if not path.is_file():
         return []
     found: list[str] = []
@@ -269,7 +268,7 @@ def write_ratings(run_dir: str | Path, versions: dict[int, str], ratings: Rating
     series = offline_series(ratings, versions)
     rows_at = _version_rows(run_dir)
     now = time.time()
-    with h5py.File(run_dir / METRICS_FILE, "a", libver="latest") as f:
+    with h5py.File(RunLayout(run_dir).metrics, "a", libver="latest") as f:
         root = f.require_group(GROUP)
         for family in OFFLINE_FAMILIES:
             if f"eval/{family}" in root:
@@ -305,7 +304,7 @@ class RatingBook:
 
     @classmethod
     def load(cls, run_dir: str | Path, resume_version: int) -> "RatingBook":
-        path = Path(run_dir) / RATINGS_FILE
+        path = RunLayout(run_dir).ratings
         records = json.loads(path.read_text())["records"] if path.is_file() and resume_version >= 0 else []
         return cls(path, [r for r in records if r["version"] <= resume_version])
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from hpc_rl.roles.control import ControlLink
+from hpc_rl.storage.layout import RunLayout
 from hpc_rl.transport.config import PollConfig
 from hpc_rl.transport.wait import TransportTimeout, Waiter
 
@@ -52,14 +53,14 @@ def patiently(call, link: ControlLink, timeout_s: float):
 
 def setup_logging(run_dir: Path, rank: int, role: str) -> logging.Logger:
     """One log file per rank (``logs/rank_<k>.log``); the controller also logs to stdout."""
-    log_dir = run_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    layout = RunLayout(run_dir)
+    layout.logs.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter(f"%(asctime)s {role} r{rank} %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    file_handler = logging.FileHandler(log_dir / f"rank_{rank}.log")
+    file_handler = logging.FileHandler(layout.rank_log(rank))
     file_handler.setFormatter(fmt)
     root.addHandler(file_handler)
     return logging.getLogger(f"hpc_rl.{role}")

@@ -34,7 +34,8 @@ from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_latest, prune_checkpoints, read_pool,
                             write_pool)
 from hpc_rl.storage.checkpoint import checkpoint_name
-from hpc_rl.storage.tensorboard import TENSORBOARD_DIR, open_export
+from hpc_rl.storage.layout import RunLayout, runs_index
+from hpc_rl.storage.tensorboard import open_export
 from hpc_rl.topology import Role, Topology
 
 log = logging.getLogger(__name__)
@@ -44,16 +45,16 @@ def open_run_dir(config: TrainConfig, overrides: tuple[str, ...] = ()) -> Checkp
     """The controller's start-up, in an MPI job and in one process alike: create the run directory, record the
     config, and return the checkpoint to resume from (None for a new run, which gets a line in the runs directory's
     index)."""
-    run_dir = Path(config.runs_dir) / config.run_name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(config))
-    resume = load_latest(run_dir / "checkpoints", config.config_hash())
+    layout = RunLayout.of(config.runs_dir, config.run_name)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    layout.config.write_text(to_yaml(config))
+    resume = load_latest(layout.checkpoints, config.config_hash())
     if resume is not None:
-        print(f"resuming {run_dir} from version {resume.version} ({resume.path.name})", flush=True)
+        print(f"resuming {layout.root} from version {resume.version} ({resume.path.name})", flush=True)
     else:
         # One short line appended per new run (O_APPEND: concurrent sweep members do not interleave on a local
         # or Lustre/GPFS filesystem).
-        with open(Path(config.runs_dir) / "index.tsv", "a") as index:
+        with open(runs_index(config.runs_dir), "a") as index:
             index.write(f"{config.run_name}\t{' '.join(overrides)}\n")
     return resume
 
@@ -63,11 +64,12 @@ class Controller:
                  resume_version: int, stop_flag: StopFlag | None):
         """``stop_flag``: the signals that ask for a stop (None: none are watched, as in a run in one process)."""
         self.config, self.topology, self.control, self.run_dir = config, topology, control, run_dir
+        self.layout = RunLayout(run_dir)
         self.stop_flag = stop_flag
-        self.metrics = MetricsWriter(run_dir / "metrics.h5", resume_version=resume_version if resume_version >= 0
+        self.metrics = MetricsWriter(self.layout.metrics, resume_version=resume_version if resume_version >= 0
                                      else None)
         # TensorBoard's view of metrics.h5, when tensorboard is installed: this attempt starts at the next version.
-        self.tensorboard = open_export(run_dir / TENSORBOARD_DIR, first_version=max(resume_version, 0) + 1)
+        self.tensorboard = open_export(self.layout.tensorboard, first_version=max(resume_version, 0) + 1)
         if self.tensorboard is None:
             log.info("tensorboard is not installed: TensorBoard export is off (metrics.h5 has every metric; "
                      "python -m hpc_rl.storage.tensorboard exports it later)")
@@ -98,17 +100,17 @@ class Controller:
         """The pool of ``pool.h5``, without versions newer than the resumed one or whose checkpoint is gone."""
         league = self.config.league
         pool = OpponentPool(latest_fraction=1.0 - league.past_fraction, eta=league.eta)
-        stored = read_pool(self.run_dir / "pool.h5") if resume_version >= 0 else None
+        stored = read_pool(self.layout.pool) if resume_version >= 0 else None
         if stored is not None:
             for version, quality in zip(stored[0], stored[1]):
-                if version <= resume_version and (self.run_dir / "checkpoints" / checkpoint_name(version)).is_file():
+                if version <= resume_version and (self.layout.checkpoints / checkpoint_name(version)).is_file():
                     pool.versions.append(version)
                     pool.qualities.append(quality)
             log.info("opponent pool: %d past versions from pool.h5 (%d stored)", len(pool.versions), len(stored[0]))
         return pool
 
     def _save_pool(self) -> None:
-        write_pool(self.run_dir / "pool.h5", self.pool.versions, self.pool.qualities, eta=self.pool.eta,
+        write_pool(self.layout.pool, self.pool.versions, self.pool.qualities, eta=self.pool.eta,
                    latest_fraction=self.pool.latest_fraction)
 
     def _save_and_send_pool(self) -> None:
@@ -214,9 +216,9 @@ class Controller:
         if bad:
             log.error("refusing to commit version %d: non-finite parameters %s", version, bad[:5])
             return
-        path = commit_checkpoint(self.run_dir / "checkpoints", version, sections, self.config.config_hash())
+        path = commit_checkpoint(self.layout.checkpoints, version, sections, self.config.config_hash())
         self.committed = version
-        prune_checkpoints(self.run_dir / "checkpoints", self.config.pipeline.keep_last, self.config.pipeline.keep_every)
+        prune_checkpoints(self.layout.checkpoints, self.config.pipeline.keep_last, self.config.pipeline.keep_every)
         log.info("committed %s", path.name)
         if self.ratings is not None:
             self.commit_rows[version] = (sum(s.get("env_steps", 0) for s in self._role_stats(Role.ENV)), time.time())
@@ -309,7 +311,7 @@ class Controller:
             self.tensorboard.close()
         status = {"state": "halted_nonfinite", "version": self.version, "committed": self.committed,
                   "reason": reason, "time": time.time()}
-        (self.run_dir / "status.json").write_text(json.dumps(status) + "\n")
+        self.layout.status.write_text(json.dumps(status) + "\n")
         self.control.abort(f"{reason}. Last committed checkpoint: version {self.committed}. Aborting the job.")
 
     def finish(self) -> None:
@@ -326,9 +328,9 @@ class Controller:
                       for i in self.accounting.get(r, {}).get("left", []))
         summary = {"produced": produced, "consumed": consumed, "left": left,
                    "version": self.learners_done, "seconds": time.monotonic() - self.started}
-        (self.run_dir / "accounting.json").write_text(json.dumps(summary))
+        self.layout.accounting.write_text(json.dumps(summary))
         status = {"state": self.stop_reason, "version": self.learners_done, "time": time.time()}
-        (self.run_dir / "status.json").write_text(json.dumps(status) + "\n")
+        self.layout.status.write_text(json.dumps(status) + "\n")
         log.info("segments produced %d, consumed %d, left unconsumed %d", len(produced), len(consumed), len(left))
 
     def requeue(self) -> None:

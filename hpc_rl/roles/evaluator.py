@@ -24,7 +24,7 @@ from hpc_rl.evaluation import play_match, policy_from_checkpoint
 from hpc_rl.league.tournament import REFERENCES, last_rated_version, pair_seed, version_name
 from hpc_rl.storage import CheckpointError, load_checkpoint
 from hpc_rl.storage.checkpoint import checkpoint_name, committed_versions
-from hpc_rl.storage.run import CHECKPOINT_DIR
+from hpc_rl.storage.layout import RunLayout
 
 log = logging.getLogger(__name__)
 IDLE_SLEEP_S = 0.05  # between looks for new work: an idle evaluator costs ~nothing, a stop waits at most this long
@@ -42,7 +42,7 @@ class Evaluator:
         if not config.env.is_moba:
             raise ValueError("evaluator ranks rate MOBA policies against the reference bots")
         self.config = config
-        self.checkpoints = Path(run_dir) / CHECKPOINT_DIR
+        self.checkpoints = RunLayout(run_dir).checkpoints
         self.link = link
         # A resumed run carries on after the last version its table holds (ratings.json, read only).
         self.last_rated = last_rated_version(run_dir, resume_version)

@@ -36,6 +36,7 @@ from hpc_rl.roles.common import patiently, seed_for
 from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.protocol import TAG_POOL, TAG_POOL_RESULT, decode_parameters, reply_layout, request_layout
 from hpc_rl.storage import load_checkpoint
+from hpc_rl.storage.layout import RunLayout
 from hpc_rl.storage.checkpoint import checkpoint_name
 from hpc_rl.topology import local_rank
 from hpc_rl.transport import ExperienceRing, ParameterChannel, StepExchange
@@ -111,7 +112,7 @@ class InferenceWorker:
         # ``opponent[e][copy]`` (LATEST: the latest policy, which then plays and learns both sides).
         self.league = config.uses_league
         self.pool = OpponentPool(latest_fraction=1.0 - config.league.past_fraction, eta=config.league.eta)
-        self.past = PastPolicies(config, Path(config.runs_dir) / config.run_name / "checkpoints",
+        self.past = PastPolicies(config, RunLayout.of(config.runs_dir, config.run_name).checkpoints,
                                  config.league.cached_policies, self.device)
         self.opponent = {e: np.full(n, LATEST, np.int64) for e in env_ranks}
         self.self_play = np.arange(n) >= config.env.scripted_copies()

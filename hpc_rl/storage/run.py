@@ -23,15 +23,9 @@ import yaml
 
 from hpc_rl.slurm import slurm_environment
 from hpc_rl.storage.checkpoint import Checkpoint, checkpoint_name, committed_versions, load_checkpoint, load_latest
+from hpc_rl.storage.layout import RunLayout
 from hpc_rl.storage.metrics import read_metrics
 from hpc_rl.storage.pool import read_pool
-
-CONFIG_FILE = "config.yaml"
-META_FILE = "meta.json"
-METRICS_FILE = "metrics.h5"
-POOL_FILE = "pool.h5"
-CHECKPOINT_DIR = "checkpoints"
-LOG_DIR = "logs"
 
 
 @dataclass
@@ -39,31 +33,35 @@ class Run:
     path: Path
 
     @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.path)
+
+    @property
     def config(self) -> dict[str, Any]:
-        p = self.path / CONFIG_FILE
+        p = self.layout.config
         return yaml.safe_load(p.read_text()) if p.exists() else {}
 
     @property
     def meta(self) -> dict[str, Any]:
-        p = self.path / META_FILE
+        p = self.layout.meta
         return json.loads(p.read_text()) if p.exists() else {}
 
     @property
     def metrics(self) -> dict[str, Any]:
-        return read_metrics(self.path / METRICS_FILE)
+        return read_metrics(self.layout.metrics)
 
     @property
     def pool(self) -> dict[str, Any] | None:
         """The opponent pool: {"version": [...], "quality": [...], **attributes}, or None without a pool file."""
-        got = read_pool(self.path / POOL_FILE)
+        got = read_pool(self.layout.pool)
         return None if got is None else {"version": got[0], "quality": got[1], **got[2]}
 
     @property
     def checkpoint_versions(self) -> list[int]:
-        return committed_versions(self.path / CHECKPOINT_DIR)
+        return committed_versions(self.layout.checkpoints)
 
     def load_checkpoint(self, version: int | None = None) -> Checkpoint | None:
-        directory = self.path / CHECKPOINT_DIR
+        directory = self.layout.checkpoints
         if version is None:
             return load_latest(directory)
         return load_checkpoint(directory / checkpoint_name(version))
@@ -88,8 +86,8 @@ def git_state(repo: str | Path | None = None) -> dict[str, Any]:
 def write_meta(run_dir: str | Path, **fields: Any) -> Path:
     """Write ``meta.json``: git sha and dirty flag, every SLURM_* variable, host, command line, start time, and
     ``fields`` (world size, rank -> role map, transport backend, ...). Replaced atomically."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    layout = RunLayout(run_dir)
+    layout.root.mkdir(parents=True, exist_ok=True)
     meta = {
         **git_state(),
         "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -98,16 +96,18 @@ def write_meta(run_dir: str | Path, **fields: Any) -> Path:
         "slurm": slurm_environment(),
         **fields,
     }
-    tmp = run_dir / f".{META_FILE}.tmp"
+    tmp = layout.meta.with_name(f".{layout.meta.name}.tmp")
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, run_dir / META_FILE)
-    return run_dir / META_FILE
+    os.replace(tmp, layout.meta)
+    return layout.meta
 
 
 def open_run(path: str | Path) -> Run:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"no run directory at {path}")
-    if not any((path / name).exists() for name in (META_FILE, METRICS_FILE, CHECKPOINT_DIR)):
-        raise FileNotFoundError(f"{path} is not a run directory (no {META_FILE}, {METRICS_FILE} or {CHECKPOINT_DIR}/)")
+    layout = RunLayout(path)
+    if not any(p.exists() for p in (layout.meta, layout.metrics, layout.checkpoints)):
+        raise FileNotFoundError(f"{path} is not a run directory (no {layout.meta.name}, {layout.metrics.name} or "
+                                f"{layout.checkpoints.name}/)")
     return Run(path)

@@ -26,9 +26,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpc_rl.storage.layout import RunLayout
 from hpc_rl.storage.metrics import read_metrics
 
-TENSORBOARD_DIR = "tensorboard"  # beside metrics.h5 in a run directory
 EVENT_GLOB = "events.out.tfevents.*"
 
 
@@ -114,13 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         description="Export a run's metrics.h5 to TensorBoard event files (step = policy version).")
     parser.add_argument("run_dir", type=Path, help="a run directory (runs/<run>) or a metrics.h5 file")
     parser.add_argument("--out", type=Path, default=None,
-                        help=f"directory for the event files (default: RUN_DIR/{TENSORBOARD_DIR})")
+                        help="directory for the event files (default: RUN_DIR/tensorboard)")
     parser.add_argument("--overwrite", action="store_true",
                         help="delete event files already in the output directory first (e.g. the live export's)")
     args = parser.parse_args(argv)
     path = args.run_dir
-    metrics_path = path if path.suffix == ".h5" else path / "metrics.h5"
-    out = args.out or metrics_path.parent / TENSORBOARD_DIR
+    metrics_path = path if path.suffix == ".h5" else RunLayout(path).metrics
+    out = args.out or RunLayout(metrics_path.parent).tensorboard
     try:
         rows = export_metrics(metrics_path, out, args.overwrite)
     except (RuntimeError, FileNotFoundError, FileExistsError) as err:

@@ -35,7 +35,9 @@ ppo = PPOConfig(lr=Schedule(1e-3, kind="constant"), entropy_coef=Schedule(0.01, 
 
 batch = None
 if comm.Get_rank() == 0:
-    runner = SerialRunner(TrainConfig(runs_dir=tempfile.mkdtemp(), env=EnvConfig(num_envs=4, moba=MobaConfig()),
+    # Self-play only: every agent is trained on, so both halves of the batch weigh the same.
+    runner = SerialRunner(TrainConfig(runs_dir=tempfile.mkdtemp(),
+                                      env=EnvConfig(num_envs=4, vs_scripted_fraction=0.0, moba=MobaConfig()),
                                       model=model, ppo=ppo, pipeline=PipelineConfig(segment_len=32)))
     batch = runner.collect()
 batch = comm.bcast(batch, root=0)

@@ -1,0 +1,90 @@
+"""Every file of a run directory, and the runs directory's index, named once.
+
+    runs/                      the runs directory (``runs_dir``); a Hydra sweep's members share one
+      index.tsv                one line per new run: its name and the command line's overrides
+      <run_name>/              ``RunLayout``
+        config.yaml  meta.json  metrics.h5  checkpoints/  pool.h5  ratings.json  status.json  accounting.json
+        logs/rank_<k>.log  tensorboard/  <job>.json (a job's report, e.g. vs_scripted.json)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+INDEX_FILE = "index.tsv"
+
+
+def runs_index(runs_dir: str | Path) -> Path:
+    """The runs directory's index of runs (and a sweep directory's of its members)."""
+    return Path(runs_dir) / INDEX_FILE
+
+
+@dataclass(frozen=True, init=False)
+class RunLayout:
+    """The files of one run directory."""
+
+    root: Path
+
+    def __init__(self, root: str | Path):
+        object.__setattr__(self, "root", Path(root))
+
+    @classmethod
+    def of(cls, runs_dir: str | Path, run_name: str) -> RunLayout:
+        return cls(Path(runs_dir) / run_name)
+
+    @property
+    def config(self) -> Path:
+        """The run's TrainConfig as YAML (what a resumed or evaluated run is rebuilt from)."""
+        return self.root / "config.yaml"
+
+    @property
+    def meta(self) -> Path:
+        """Who ran it: world size, roles, transport, config hash, the version it resumed from."""
+        return self.root / "meta.json"
+
+    @property
+    def metrics(self) -> Path:
+        """Every metric by version (``MetricsWriter``)."""
+        return self.root / "metrics.h5"
+
+    @property
+    def checkpoints(self) -> Path:
+        """Committed checkpoints, one HDF5 file per version (``checkpoint_name``)."""
+        return self.root / "checkpoints"
+
+    @property
+    def pool(self) -> Path:
+        """The opponent pool's versions and qualities."""
+        return self.root / "pool.h5"
+
+    @property
+    def ratings(self) -> Path:
+        """The controller's TrueSkill table, so that a resumed run continues it."""
+        return self.root / "ratings.json"
+
+    @property
+    def status(self) -> Path:
+        """How the controller ended: finished, preempted, time_limit or halted_nonfinite."""
+        return self.root / "status.json"
+
+    @property
+    def accounting(self) -> Path:
+        """Segment ids produced, consumed and left at the stop (exactly-once accounting)."""
+        return self.root / "accounting.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank_{rank}.log"
+
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard's view of metrics.h5."""
+        return self.root / "tensorboard"
+
+    def report(self, job: str) -> Path:
+        """A job's JSON report (``jobs/<job>.py``)."""
+        return self.root / f"{job}.json"
