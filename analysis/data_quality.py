@@ -14,7 +14,8 @@ import sys
 
 import numpy as np
 
-from hpc_rl.study import (STALENESS_BINS, VERSION_LABEL, Output, fmt, load_runs, markdown_table, measured_reuse,
+from hpc_rl.metric_names import REJECTED_SEGMENTS, REUSE, STALENESS_BINS, STALENESS_MEAN
+from hpc_rl.study import (VERSION_LABEL, Output, fmt, load_runs, markdown_table, measured_reuse,
                           measured_staleness, pyplot, run_script, script_parser, staleness_histogram)
 
 
@@ -23,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def body(args: argparse.Namespace, out: Output) -> None:
-    runs = [r for r in load_runs(args.paths) if r.has("data/staleness_mean") and r.has("data/reuse")]
+    runs = [r for r in load_runs(args.paths) if r.has(STALENESS_MEAN) and r.has(REUSE)]
     if not runs:
         raise ValueError("no run has data/staleness_mean and data/reuse")
     plt = pyplot()
@@ -35,11 +36,11 @@ def body(args: argparse.Namespace, out: Output) -> None:
         total = hist.sum()
         fraction = hist / total if total > 0 else hist
         line, = hist_ax.plot(bins, fraction, marker="o", ms=3, lw=1.2, label=run.label, drawstyle="steps-mid")
-        v, _, s = run.series("data/staleness_mean")
+        v, _, s = run.series(STALENESS_MEAN)
         stale_ax.plot(v, s, color=line.get_color(), lw=1.2)
-        v, _, r = run.series("data/reuse")
+        v, _, r = run.series(REUSE)
         reuse_ax.plot(v, r, color=line.get_color(), lw=1.2)
-        rejected = run.series("data/rejected_segments")[2] if run.has("data/rejected_segments") else np.array([])
+        rejected = run.series(REJECTED_SEGMENTS)[2] if run.has(REJECTED_SEGMENTS) else np.array([])
         table.append([run.label, fmt(total), fmt(measured_staleness(run.metrics)),
                       fmt(fraction[0]), fmt(fraction[1:8].sum()), fmt(fraction[8:].sum()), fmt(fraction[-1]),
                       fmt(measured_reuse(run.metrics)), fmt(float(r[-1]) if r.size else None),

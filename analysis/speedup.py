@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpc_rl.metric_names import REUSE, STALENESS_MEAN
 from hpc_rl.stats import spread, trailing_mean
 from hpc_rl.study import (ABLATION_KEYS, DEFAULT_BASELINE, VERSION_LABEL, Output, RunData, SpeedupRow, check_metric,
                           choose_baseline, config_value, default_metric, default_thresholds, first_crossing, fmt,
@@ -79,9 +80,9 @@ def sweep(path: Path, args: argparse.Namespace, out: Output) -> None:
     crossings = {value: [[first_crossing(*curves[id(r)], t) for t in thresholds] for r in runs]
                  for value, runs in groups.items()}
     rows = speedup_rows(crossings, baseline, thresholds, args.min_reached)
-    staleness = {v: spread(measured_staleness(r.metrics) if r.has("data/staleness_mean") else None for r in g)
+    staleness = {v: spread(measured_staleness(r.metrics) if r.has(STALENESS_MEAN) else None for r in g)
                  for v, g in groups.items()}
-    reuse = {v: spread(measured_reuse(r.metrics) if r.has("data/reuse") else None for r in g)
+    reuse = {v: spread(measured_reuse(r.metrics) if r.has(REUSE) else None for r in g)
              for v, g in groups.items()}
     batch = {v: _batch(g) for v, g in groups.items()}
     table = [[fmt(row.value), fmt(batch[row.value]), fmt(row.threshold), f"{row.versions.n}/{row.versions.runs}",

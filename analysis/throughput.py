@@ -14,18 +14,19 @@ import sys
 
 import numpy as np
 
+from hpc_rl import metric_names as M
 from hpc_rl.study import VERSION_LABEL, Output, fmt, load_runs, markdown_table, pyplot, run_script, script_parser
 
 PANELS = (
-    ("perf/env_steps_per_s", "env ranks: env steps / s"),
-    ("perf/learner_samples_per_s", "learners: samples / s"),
-    ("perf/inference_batch", "inference: mean batch (observations)"),
-    ("perf/inference_ms", "inference: forward pass (ms)"),
+    (M.ENV_STEPS_PER_S, "env ranks: env steps / s"),
+    (M.LEARNER_SAMPLES_PER_S, "learners: samples / s"),
+    (M.INFERENCE_BATCH, "inference: mean batch (observations)"),
+    (M.INFERENCE_MS, "inference: forward pass (ms)"),
 )
 
 # The controller logs 0 for the inference figures of a version in which no inference heartbeat had arrived yet; a
 # rank that served requests never has a mean batch or forward pass of 0, so those rows are left out.
-ZERO_IS_UNREPORTED = {"perf/inference_batch", "perf/inference_ms"}
+ZERO_IS_UNREPORTED = {M.INFERENCE_BATCH, M.INFERENCE_MS}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,7 +54,7 @@ def body(args: argparse.Namespace, out: Output) -> None:
             medians.append(float(np.median(values)) if values.size else None)
         last = lambda name: float(run.series(name)[2][-1]) if run.has(name) else None  # noqa: E731
         table.append([run.label] + [fmt(m, 2) for m in medians]
-                     + [fmt(last("perf/env_steps")), fmt(last("perf/wall_seconds"), 1)])
+                     + [fmt(last(M.ENV_STEPS)), fmt(last(M.WALL_SECONDS), 1)])
     for ax, (name, title) in zip(axes.flat, PANELS):
         ax.set(xlabel=VERSION_LABEL, ylabel=name, title=title)
         ax.grid(alpha=0.3)

@@ -16,7 +16,8 @@ import sys
 import numpy as np
 
 from hpc_rl.stats import wilson_interval
-from hpc_rl.study import (VERSION_LABEL, WIN_GAMES, WIN_RATE, Output, RunData, fmt, load_runs, markdown_table, pyplot,
+from hpc_rl.metric_names import GAMES_VS_SCRIPTED, WIN_RATE_VS_SCRIPTED
+from hpc_rl.study import (VERSION_LABEL, Output, RunData, fmt, load_runs, markdown_table, pyplot,
                           run_script, script_parser)
 
 
@@ -29,8 +30,9 @@ def parser() -> argparse.ArgumentParser:
 
 def win_rate_rows(run: RunData, z: float) -> np.ndarray:
     """(version, games, wins, win rate, low, high) for every version with games against the scripted bot."""
-    rate = run.metrics[WIN_RATE]
-    games = {int(v): g for v, g in zip(run.metrics[WIN_GAMES]["version"], run.metrics[WIN_GAMES]["value"])}
+    rate = run.metrics[WIN_RATE_VS_SCRIPTED]
+    played = run.metrics[GAMES_VS_SCRIPTED]
+    games = {int(v): g for v, g in zip(played["version"], played["value"])}
     out = []
     for v, p in zip(rate["version"], rate["value"]):
         n = games.get(int(v), 0.0)
@@ -45,9 +47,9 @@ def win_rate_rows(run: RunData, z: float) -> np.ndarray:
 def body(args: argparse.Namespace, out: Output) -> None:
     if args.rows < 1:
         raise ValueError(f"--rows must be >= 1, got {args.rows}")
-    runs = [r for r in load_runs(args.paths) if r.has(WIN_RATE) and r.has(WIN_GAMES)]
+    runs = [r for r in load_runs(args.paths) if r.has(WIN_RATE_VS_SCRIPTED) and r.has(GAMES_VS_SCRIPTED)]
     if not runs:
-        print(f"note: no run has {WIN_RATE} and {WIN_GAMES} (not MOBA runs?); nothing written")
+        print(f"note: no run has {WIN_RATE_VS_SCRIPTED} and {GAMES_VS_SCRIPTED} (not MOBA runs?); nothing written")
         return
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))

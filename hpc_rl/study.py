@@ -23,16 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from hpc_rl import metric_names as M
 from hpc_rl.stats import Spread, spread
 from hpc_rl.storage import open_run
 from hpc_rl.storage.layout import INDEX_FILE, RunLayout, runs_index
 
-STALENESS_BINS = 16  # data/staleness_hist/00 .. 15; the last bin counts staleness >= 15
-TRUESKILL_PREFIX = "eval/trueskill/"
-TRUESKILL_POLICY = "eval/trueskill/policy"  # the trained policy's rating; other players are reference agents
-WIN_RATE = "eval/win_rate_vs_scripted"
-WIN_GAMES = "eval/games_vs_scripted"
-EPISODE_RETURN = "stats/episode_return"
+TRUESKILL_PREFIX = M.rating(M.TRUESKILL, "")
+TRUESKILL_POLICY = M.rating(M.TRUESKILL, M.POLICY)  # the trained policy's rating; other players are reference agents
 VERSION_LABEL = "policy version"
 
 # The three sweeps of OpenAI Five's Figure 5: the config key each varies and the baseline it is compared with.
@@ -74,7 +71,7 @@ def speedup(baseline_versions: float | None, member_versions: float | None) -> f
 
 def staleness_histogram(metrics: dict[str, np.ndarray]) -> np.ndarray:
     """Consumed samples per staleness 0..15 (the last bin: >= 15), summed over every version of the run."""
-    names = [f"data/staleness_hist/{b:02d}" for b in range(STALENESS_BINS)]
+    names = [M.staleness_bin(b) for b in range(M.STALENESS_BINS)]
     missing = [n for n in names if n not in metrics]
     if missing:
         raise ValueError(f"run has no staleness histogram: series {missing[0]} missing")
@@ -85,10 +82,10 @@ def measured_staleness(metrics: dict[str, np.ndarray]) -> float:
     """Mean staleness over every consumed sample of the run: each version's ``data/staleness_mean`` weighted by the
     samples that version consumed (its histogram row sum), so slow versions with few samples do not dominate.
     Without a histogram, the plain mean over versions."""
-    if "data/staleness_mean" not in metrics:
+    if M.STALENESS_MEAN not in metrics:
         raise ValueError("run has no data/staleness_mean series")
-    means = metrics["data/staleness_mean"]
-    names = [f"data/staleness_hist/{b:02d}" for b in range(STALENESS_BINS)]
+    means = metrics[M.STALENESS_MEAN]
+    names = [M.staleness_bin(b) for b in range(M.STALENESS_BINS)]
     if all(n in metrics for n in names):
         weight_by_version: dict[int, float] = {}
         for n in names:
@@ -102,9 +99,9 @@ def measured_staleness(metrics: dict[str, np.ndarray]) -> float:
 
 def measured_reuse(metrics: dict[str, np.ndarray]) -> float:
     """Sample reuse of the run (samples consumed / produced, every PPO epoch counted), averaged over versions."""
-    if "data/reuse" not in metrics:
+    if M.REUSE not in metrics:
         raise ValueError("run has no data/reuse series")
-    return float(np.nanmean(metrics["data/reuse"]["value"]))
+    return float(np.nanmean(metrics[M.REUSE]["value"]))
 
 
 @dataclass(frozen=True)
@@ -276,10 +273,10 @@ def default_metric(runs: Sequence[RunData]) -> str:
         return players[0]
     if players:
         print(f"note: several TrueSkill series {players} and no {TRUESKILL_POLICY}; pass --metric to pick one")
-    for name in (WIN_RATE, EPISODE_RETURN):
+    for name in (M.WIN_RATE_VS_SCRIPTED, M.EPISODE_RETURN):
         if any(r.has(name) for r in runs):
             return name
-    raise ValueError(f"no run has {TRUESKILL_PREFIX}*, {WIN_RATE} or {EPISODE_RETURN}; pass --metric")
+    raise ValueError(f"no run has {TRUESKILL_PREFIX}*, {M.WIN_RATE_VS_SCRIPTED} or {M.EPISODE_RETURN}; pass --metric")
 
 
 def check_metric(runs: Sequence[RunData], name: str) -> None:

@@ -30,6 +30,7 @@ from hydra import compose, initialize_config_dir
 from hpc_rl.config import build_config, register
 from hpc_rl.envs.scripted import scripted_bot_hash
 from hpc_rl.evaluation import load_policy, play_vs_bot
+from hpc_rl.metric_names import WIN_RATE_VS_SCRIPTED
 from hpc_rl.runner import SerialRunner
 from hpc_rl.storage.layout import RunLayout
 
@@ -81,7 +82,7 @@ def main(argv: list[str]) -> int:
         if version % 50 == 0:
             log.info("version %d  %.1f min  steps %d  %.0f steps/s  win rate in training %s", version,
                      clock["wall"] / 60, run.env_steps, run.env_steps / clock["wall"],
-                     metrics.get("eval/win_rate_vs_scripted", "n/a"))
+                     metrics.get(WIN_RATE_VS_SCRIPTED, "n/a"))
         if clock[args.clock] >= next_eval:
             next_eval += args.progress_minutes * 60
             result = play_vs_bot(run.policy.eval(), config, "scripted", games=50, seed=args.eval_seed + version)

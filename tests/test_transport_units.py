@@ -5,9 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from hpc_rl.envs.api import EntitySpec, EnvSpec
-from hpc_rl.transport import (ArrayLayout, PollConfig, RingConfig, TransportConfig, TransportTimeout, checksum,
-                              step_reply_layout, step_request_layout)
+from hpc_rl.transport import ArrayLayout, PollConfig, RingConfig, TransportConfig, TransportTimeout, checksum
 from hpc_rl.transport.layout import (align, free_for, ready, state_phase, state_ticket, taken,
                                      writing)
 from hpc_rl.transport.wait import Waiter
@@ -51,21 +49,6 @@ def test_array_layout_rejects_bad_input_naming_it():
         layout.pack({"b": np.zeros(2, np.float32)})
     with pytest.raises(ValueError, match=">= 8 bytes"):
         layout.unpack(np.zeros(4, np.uint8))
-
-
-def test_step_layouts_follow_the_env_spec():
-    spec = EnvSpec(num_agents=2, agent_team=(0, 1), global_features=6, num_actions=4, num_moves=3,
-                   entities=(EntitySpec("hero", 2, 5),), reward_events=("win", "kill"))
-    shapes = spec.observation_shapes(num_envs=3)
-    request = step_request_layout(shapes, 3, spec.num_agents, len(spec.reward_events), fp16_observations=True)
-    assert set(request.fields) == set(shapes) | {"reward", "done"}
-    assert request.fields["entities/hero"].wire_dtype == np.float16
-    assert request.fields["entities/hero/mask"].wire_dtype == np.dtype(bool)
-    assert request.fields["reward"].shape == (3, 2, 2) and request.fields["reward"].wire_dtype == np.float32
-    reply = step_reply_layout(3, 2)
-    assert reply.nbytes == 3 * 3 * 2 * 8
-    with pytest.raises(ValueError, match="'reward' is reserved"):
-        step_request_layout({"reward": ((1,), np.float32)}, 1, 1, 1, False)
 
 
 def test_checksum_detects_a_torn_payload():
@@ -154,13 +137,21 @@ def test_waiter_backs_off_so_a_long_wait_uses_little_cpu():
     assert steps <= 2000 + wall / poll.max_sleep_s and spin_steps < 10_000
 
 
-def test_waiter_spins_before_sleeping():
-    waiter = Waiter(PollConfig(spin_s=0.01, min_sleep_s=1e-3, max_sleep_s=1e-3), 10.0, "step", 1, "x")
-    start, steps = time.monotonic(), 0
+def test_waiter_spins_before_sleeping_then_doubles_its_sleeps(monkeypatch):
+    """Within spin_s a step only yields; later steps sleep min_sleep_s, doubling up to max_sleep_s. The sleeps are
+    recorded, not slept, so the sequence does not depend on the machine's load."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    waiter = Waiter(PollConfig(spin_s=0.01, min_sleep_s=1e-4, max_sleep_s=1e-3), 10.0, "step", 1, "x")
+    start = time.monotonic()
     while time.monotonic() - start < 0.005:
         waiter.step()
-        steps += 1
-    assert steps > 50  # sleeping 1 ms per step would allow at most 5
+    assert slept == []
+    while time.monotonic() - start < 0.011:  # past the spin phase
+        pass
+    for _ in range(6):
+        waiter.step()
+    assert slept == pytest.approx([1e-4, 2e-4, 4e-4, 8e-4, 1e-3, 1e-3])
 
 
 def test_cost_model_solves_the_two_measured_batches():

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import torch
 
+from hpc_rl import metric_names as M
 from hpc_rl.algo.bptt import to_chunks
 from hpc_rl.algo.config import PPOConfig
 from hpc_rl.algo.gae import gae
@@ -73,8 +74,8 @@ class Learner:
         entropy_coef = cfg.entropy_coef(self.version)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0,
-                "grad_clipped_fraction": 0.0}
+        sums = dict.fromkeys((M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.APPROX_KL, M.CLIP_FRACTION,
+                              M.GRAD_CLIPPED_FRACTION), 0.0)
         steps = skipped = 0
         for _ in range(cfg.epochs):
             order = torch.randperm(columns, generator=self.generator).to(self.device)
@@ -100,21 +101,21 @@ class Learner:
                     torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 steps += 1
-                for key, value in (("policy_loss", pl), ("value_loss", vl), ("entropy", ent),
-                                   ("approx_kl", stats["approx_kl"]), ("clip_fraction", stats["clip_fraction"])):
+                for key, value in ((M.POLICY_LOSS, pl), (M.VALUE_LOSS, vl), (M.ENTROPY, ent),
+                                   (M.APPROX_KL, stats["approx_kl"]), (M.CLIP_FRACTION, stats["clip_fraction"])):
                     sums[key] += float(value.detach())
-                sums["grad_clipped_fraction"] += clipped
+                sums[M.GRAD_CLIPPED_FRACTION] += clipped
         self.version += 1
         self._update_normalizers(batch)
 
-        metrics = {f"train/{k}": v / max(steps, 1) for k, v in sums.items()}
+        metrics = {name: sums[name] / max(steps, 1) for name in sums}
         w = batch.weight > 0
         residual = (returns - batch.value)[w]
         metrics.update({
-            "train/lr": lr, "train/entropy_coef": entropy_coef, "train/nonfinite_skipped": float(skipped),
-            "train/explained_variance": float(1.0 - residual.var() / returns[w].var().clamp_min(1e-8)),
-            "train/staleness": float((self.version - 1 - batch.version.float())[w].mean()),
-            "perf/update_seconds": time.perf_counter() - started, "perf/samples": float(batch.num_samples),
+            M.LR: lr, M.ENTROPY_COEF: entropy_coef, M.NONFINITE_SKIPPED: float(skipped),
+            M.EXPLAINED_VARIANCE: float(1.0 - residual.var() / returns[w].var().clamp_min(1e-8)),
+            M.TRAIN_STALENESS: float((self.version - 1 - batch.version.float())[w].mean()),
+            M.UPDATE_SECONDS: time.perf_counter() - started, M.SAMPLES: float(batch.num_samples),
         })
         return metrics
 

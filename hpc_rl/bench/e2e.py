@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpc_rl import metric_names as M
 from hpc_rl.launch import mpirun_command, rank_env, set_torch_threads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,12 +51,12 @@ def _run_job(runs: Path, name: str, overrides: list[str], timeout: float) -> dic
 
     m = open_run(runs / name).metrics
     last = lambda key: float(m[key]["value"][-1])  # noqa: E731
-    weights = np.array([m[f"data/staleness_hist/{b:02d}"]["value"].sum() for b in range(16)])
+    weights = np.array([m[M.staleness_bin(b)]["value"].sum() for b in range(M.STALENESS_BINS)])
     return {
-        "samples_per_s": last("perf/learner_samples_per_s"),
-        "env_steps_per_s": last("perf/env_steps_per_s"),
-        "staleness_mean": float((weights * np.arange(16)).sum() / max(weights.sum(), 1)),
-        "reuse": last("data/reuse"),
+        "samples_per_s": last(M.LEARNER_SAMPLES_PER_S),
+        "env_steps_per_s": last(M.ENV_STEPS_PER_S),
+        "staleness_mean": float((weights * np.arange(M.STALENESS_BINS)).sum() / max(weights.sum(), 1)),
+        "reuse": last(M.REUSE),
         "wall_seconds": time.monotonic() - started,
     }
 
@@ -78,7 +79,7 @@ def _serial_samples_per_s(runs: Path, versions: int) -> float:
         env=dataclasses.replace(cfg.env, num_envs=cfg.env.num_envs * env_ranks),
         pipeline=dataclasses.replace(cfg.pipeline, max_versions=versions,
                                      segments_per_batch=cfg.pipeline.segments_per_batch * learners // env_ranks))
-    return SerialRunner(config).run()["perf/learner_samples_per_s"]
+    return SerialRunner(config).run()[M.LEARNER_SAMPLES_PER_S]
 
 
 def run(args) -> dict:

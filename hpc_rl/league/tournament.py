@@ -33,6 +33,7 @@ import h5py
 import numpy as np
 import trueskill
 
+from hpc_rl import metric_names as M
 from hpc_rl.league.ratings import TrueSkillTable, elo_from_results, nash_average
 from hpc_rl.storage.checkpoint import _replace_durably
 from hpc_rl.storage.metrics import GROUP, ROW, read_metrics
@@ -40,10 +41,9 @@ from hpc_rl.storage.layout import RunLayout
 
 REFERENCES = ("random", "scripted")  # the fixed reference agents; random is the anchor (rating 0)
 ANCHOR = "random"
-POLICY = "policy"  # the name of a rated version's figures in metrics.h5 (one row per version)
 OFFLINE_SOURCE = "jobs/tournament.py"  # attribute of the series the offline tournament wrote (it may replace them)
 # Series families written by both the evaluator ranks (via the controller) and the offline tournament.
-FAMILIES = ("trueskill", "trueskill_sigma", "games", "win_rate", "draw_rate", "games_vs")
+FAMILIES = (M.TRUESKILL, M.TRUESKILL_SIGMA, M.GAMES, M.WIN_RATE, M.DRAW_RATE, M.GAMES_VS)
 OFFLINE_FAMILIES = FAMILIES + ("elo", "nash", "nash_weight")
 
 
@@ -220,7 +220,7 @@ def offline_series(ratings: Ratings, versions: dict[int, str]) -> dict[str, list
     refs = [r for r in REFERENCES if r in t.names]
     for version, name in sorted(versions.items()):
         i = ratings.index(name)
-        for player, k in [(POLICY, i)] + [(r, ratings.index(r)) for r in refs]:
+        for player, k in [(M.POLICY, i)] + [(r, ratings.index(r)) for r in refs]:
             if player == ANCHOR:  # random's TrueSkill and Elo are 0 by definition
                 add(f"games/{player}", version, ratings.games[k])
                 add(f"nash/{player}", version, ratings.nash[k])
@@ -326,18 +326,18 @@ class RatingBook:
         players = [r for r in REFERENCES if r in self.table.ratings] + [name]
         self.records.append({"version": version, "ratings": {
             p: [self.table.ratings[p].mu, self.table.ratings[p].sigma, self.table.games[p]] for p in players}})
-        figures = {f"eval/trueskill/{POLICY}": self.table.mu(name),
-                   f"eval/trueskill_sigma/{POLICY}": self.table.ratings[name].sigma,
-                   f"eval/games/{POLICY}": float(self.table.games[name])}
+        figures = {M.rating(M.TRUESKILL, M.POLICY): self.table.mu(name),
+                   M.rating(M.TRUESKILL_SIGMA, M.POLICY): self.table.ratings[name].sigma,
+                   M.rating(M.GAMES, M.POLICY): float(self.table.games[name])}
         for ref in players[:-1]:
             if ref != ANCHOR:
-                figures[f"eval/trueskill/{ref}"] = self.table.mu(ref)
-                figures[f"eval/trueskill_sigma/{ref}"] = self.table.ratings[ref].sigma
-            figures[f"eval/games/{ref}"] = float(self.table.games[ref])
+                figures[M.rating(M.TRUESKILL, ref)] = self.table.mu(ref)
+                figures[M.rating(M.TRUESKILL_SIGMA, ref)] = self.table.ratings[ref].sigma
+            figures[M.rating(M.GAMES, ref)] = float(self.table.games[ref])
         for ref, match in matches.items():
-            figures[f"eval/win_rate/{ref}"] = match["wins"] / match["games"]
-            figures[f"eval/draw_rate/{ref}"] = match["draws"] / match["games"]
-            figures[f"eval/games_vs/{ref}"] = float(match["games"])
+            figures[M.rating(M.WIN_RATE, ref)] = match["wins"] / match["games"]
+            figures[M.rating(M.DRAW_RATE, ref)] = match["draws"] / match["games"]
+            figures[M.rating(M.GAMES_VS, ref)] = float(match["games"])
         return figures
 
     def save(self) -> None:
@@ -360,13 +360,13 @@ def last_rated_version(run_dir: str | Path, resume_version: int) -> int:
 
 def rating_line(version: int, figures: dict[str, float]) -> str:
     """The controller's progress line for one rated version (``RatingBook.add``'s figures)."""
-    line = (f"eval v{version:5d}  TrueSkill {figures[f'eval/trueskill/{POLICY}']:6.2f} "
-            f"± {figures[f'eval/trueskill_sigma/{POLICY}']:.2f} (random 0")
-    if "eval/trueskill/scripted" in figures:
-        line += f", scripted {figures['eval/trueskill/scripted']:.2f}"
+    line = (f"eval v{version:5d}  TrueSkill {figures[M.rating(M.TRUESKILL, M.POLICY)]:6.2f} "
+            f"± {figures[M.rating(M.TRUESKILL_SIGMA, M.POLICY)]:.2f} (random 0")
+    if M.rating(M.TRUESKILL, "scripted") in figures:
+        line += f", scripted {figures[M.rating(M.TRUESKILL, 'scripted')]:.2f}"
     line += ")"
     for ref in REFERENCES:
-        if f"eval/win_rate/{ref}" in figures:
-            line += (f"  vs {ref}: won {figures[f'eval/win_rate/{ref}']:.2f} drew {figures[f'eval/draw_rate/{ref}']:.2f}"
-                     f" n={figures[f'eval/games_vs/{ref}']:.0f}")
+        if M.rating(M.WIN_RATE, ref) in figures:
+            line += (f"  vs {ref}: won {figures[M.rating(M.WIN_RATE, ref)]:.2f}"
+                     f" drew {figures[M.rating(M.DRAW_RATE, ref)]:.2f} n={figures[M.rating(M.GAMES_VS, ref)]:.0f}")
     return line

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpc_rl import metric_names as M
 from hpc_rl.config import TrainConfig, to_yaml
 from hpc_rl.league.pool import OpponentPool
 from hpc_rl.league.tournament import RatingBook, rating_line
@@ -166,28 +167,28 @@ class Controller:
         inference = self._role_stats(Role.INFERENCE)
         steps = sum(s.get("env_steps", 0) for s in env)
         seconds = max((s.get("seconds", 0.0) for s in env), default=0.0)
-        metrics["perf/env_steps"] = float(steps)
-        metrics["perf/env_steps_per_s"] = steps / seconds if seconds > 0 else 0.0
+        metrics[M.ENV_STEPS] = float(steps)
+        metrics[M.ENV_STEPS_PER_S] = steps / seconds if seconds > 0 else 0.0
         reported = [s for s in inference if "mean_batch" in s]
         if reported:  # nothing is logged before the inference ranks' first report
-            metrics["perf/inference_batch"] = float(np.mean([s["mean_batch"] for s in reported]))
-            metrics["perf/inference_ms"] = float(np.mean([s["infer_ms"] for s in reported]))
-        metrics["perf/wall_seconds"] = time.monotonic() - self.started
+            metrics[M.INFERENCE_BATCH] = float(np.mean([s["mean_batch"] for s in reported]))
+            metrics[M.INFERENCE_MS] = float(np.mean([s["infer_ms"] for s in reported]))
+        metrics[M.WALL_SECONDS] = time.monotonic() - self.started
         totals = np.array([sum(s.get(k, 0) for s in env) for k in ("bot_games", "bot_wins", "games", "returns_sum")],
                           dtype=np.float64)
         self.history.append(totals)
         # Rates over the last ten versions' games: recent enough to follow learning, enough games to mean something.
         games, wins, episodes, returns = totals - self.history[0]
         if games:
-            metrics["eval/win_rate_vs_scripted"] = wins / games
-            metrics["eval/games_vs_scripted"] = games
+            metrics[M.WIN_RATE_VS_SCRIPTED] = wins / games
+            metrics[M.GAMES_VS_SCRIPTED] = games
         if episodes and returns:
-            metrics["stats/episode_return"] = returns / episodes
+            metrics[M.EPISODE_RETURN] = returns / episodes
         if self.pool is not None:
-            metrics["league/pool_size"] = float(len(self.pool.versions))
+            metrics[M.POOL_SIZE] = float(len(self.pool.versions))
             if self.past_games:
-                metrics["league/games_vs_past"] = self.past_games
-                metrics["league/score_vs_past"] = self.past_score / self.past_games
+                metrics[M.GAMES_VS_PAST] = self.past_games
+                metrics[M.SCORE_VS_PAST] = self.past_score / self.past_games
                 self.past_games = self.past_score = 0.0
             if self.pool_changed:
                 self._save_and_send_pool()
@@ -201,11 +202,11 @@ class Controller:
     def _progress(self, version: int, m: dict, wins: int, games: int) -> None:
         low, high = wilson_interval(wins, games)
         win = f"{wins / games:.2f} [{low:.2f},{high:.2f}] n={games}" if games else "n/a"
-        line = (f"v{version:5d}  env {m['perf/env_steps_per_s']:8.0f} steps/s  staleness {m['data/staleness_mean']:.2f}"
-                f"  reuse {m['data/reuse']:.2f}  ring {m.get('perf/ring_occupancy', 0):.2f}  win vs scripted {win}"
-                f"  policy_loss {m.get('train/policy_loss', 0):+.3f}  entropy {m.get('train/entropy', 0):.3f}")
-        if "stats/episode_return" in m:
-            line += f"  return {m['stats/episode_return']:.1f}"
+        line = (f"v{version:5d}  env {m[M.ENV_STEPS_PER_S]:8.0f} steps/s  staleness {m[M.STALENESS_MEAN]:.2f}"
+                f"  reuse {m[M.REUSE]:.2f}  ring {m.get(M.RING_OCCUPANCY, 0):.2f}  win vs scripted {win}"
+                f"  policy_loss {m.get(M.POLICY_LOSS, 0):+.3f}  entropy {m.get(M.ENTROPY, 0):.3f}")
+        if M.EPISODE_RETURN in m:
+            line += f"  return {m[M.EPISODE_RETURN]:.1f}"
         print(line, flush=True)
         log.info(line)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from hpc_rl import metric_names as M
 from hpc_rl.algo.learner import Learner
 from hpc_rl.config import PipelineConfig, TrainConfig
 from hpc_rl.data.batch import Batch, SegmentError, SegmentSchema, validate
@@ -35,7 +36,6 @@ from hpc_rl.topology import local_rank
 from hpc_rl.transport import ExperienceRing, ParameterChannel
 
 log = logging.getLogger(__name__)
-STALENESS_BINS = 16  # histogram of staleness 0..15, the last bin counts 15 and more
 
 
 @dataclass
@@ -132,7 +132,7 @@ class LearnerWorker:
         self.rejected = 0
         self.ring_ready, self.ring_polls = 0.0, 0  # READY slots summed over the polls since the last update
         self.nonfinite_streak = 0
-        self.staleness_hist = np.zeros(STALENESS_BINS)
+        self.staleness_hist = np.zeros(M.STALENESS_BINS)
         self.consumed_ids: list[tuple[int, int, int]] = []
         self.stop_version = 0
         self.started = time.monotonic()
@@ -238,14 +238,14 @@ class LearnerWorker:
             self.consumed_ids.append(h.ids)
         trained = batch.weight > 0
         staleness = (self.learner.version - batch.version[trained]).clamp(min=0).numpy()
-        hist = np.bincount(np.minimum(staleness, STALENESS_BINS - 1), minlength=STALENESS_BINS)
+        hist = np.bincount(np.minimum(staleness, M.STALENESS_BINS - 1), minlength=M.STALENESS_BINS)
         self.staleness_hist += hist
         self.consumed += float(batch.weight.sum()) * epochs
         fault = self.config.pipeline.fault_nonfinite_from_version
         if fault and self.learner.version + 1 >= fault:  # fault injection (tests, drills): NaN flows into the loss
             batch = batch.replace(reward=torch.full_like(batch.reward, float("nan")))
         metrics = self.learner.update(batch)
-        skipped = metrics.get("train/nonfinite_skipped", 0.0)
+        skipped = metrics.get(M.NONFINITE_SKIPPED, 0.0)
         # Every learner skips the same steps (the non-finite test is allreduced), so every learner counts the same.
         self.nonfinite_streak = self.nonfinite_streak + 1 if skipped >= self.config.ppo.num_minibatches * epochs else 0
         stale = torch.tensor(np.r_[hist, staleness.sum(), staleness.size, self.ring_ready,
@@ -257,17 +257,17 @@ class LearnerWorker:
             if version % self.config.pipeline.publish_every == 0:
                 self.publish()
             metrics.update({
-                "data/staleness_mean": global_stale[-4] / max(global_stale[-3], 1.0),
-                "data/reuse": consumed_after / max(control["produced"], 1.0),
-                "data/rejected_segments": control["rejected"],
-                "perf/learner_samples_per_s": (consumed_after / epochs) / max(time.monotonic() - self.started, 1e-9),
-                "perf/buffer_segments": float(len(self.store)),
+                M.STALENESS_MEAN: global_stale[-4] / max(global_stale[-3], 1.0),
+                M.REUSE: consumed_after / max(control["produced"], 1.0),
+                M.REJECTED_SEGMENTS: control["rejected"],
+                M.LEARNER_SAMPLES_PER_S: (consumed_after / epochs) / max(time.monotonic() - self.started, 1e-9),
+                M.BUFFER_SEGMENTS: float(len(self.store)),
                 # fraction of ring slots READY (put, not yet taken), over every learner's polls since the last update
-                "perf/ring_occupancy": global_stale[-2] / max(global_stale[-1], 1.0),
-                "data/dropped_segments": float(len(self.store.evicted_ids)),  # learner 0's, since the start
+                M.RING_OCCUPANCY: global_stale[-2] / max(global_stale[-1], 1.0),
+                M.DROPPED_SEGMENTS: float(len(self.store.evicted_ids)),
             })
-            for b in range(STALENESS_BINS):
-                metrics[f"data/staleness_hist/{b:02d}"] = float(global_stale[b])
+            for b in range(M.STALENESS_BINS):
+                metrics[M.staleness_bin(b)] = float(global_stale[b])
             self.link.send((version, metrics), TAG_METRICS)
             # A version whose update was skipped is not checkpointed: if the streak ends in a halt, the run resumes
             # from the last version that trained.

@@ -46,7 +46,7 @@ import importlib
 # mpi4py.MPI, which initialises MPI; a process that only builds configs (a Hydra sweep's submitter), or only uses
 # the local backend, stays MPI-free.
 _EXPORTS = {
-    "ArrayLayout": "layout", "checksum": "layout", "step_reply_layout": "layout", "step_request_layout": "layout",
+    "ArrayLayout": "layout", "checksum": "layout",
     "LocalWorld": "local",
     "ExperienceRing": "channels", "ParameterChannel": "channels", "Segment": "channels", "StepExchange": "channels",
     "PollConfig": "config", "RingConfig": "config", "TransportConfig": "config",

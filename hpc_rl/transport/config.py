@@ -46,7 +46,7 @@ class TransportConfig:
     require_passive_progress: bool = True  # False: "auto" also takes RMA whose operations complete only while the
     #   target is inside MPI (osc/pt2pt across hosts). Every wait here calls MPI, so the protocol stays correct,
     #   but a writer then stalls while its target computes
-    fp16_observations: bool = False  # float32 observation fields travel as float16 (Transport.step_request_layout)
+    fp16_observations: bool = False  # float32 observation fields travel as float16 (the step requests and segments)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from hpc_rl.transport.channels import ExperienceRing, ParameterChannel, StepExchange
 from hpc_rl.transport.config import RingConfig, TransportConfig
-from hpc_rl.transport.layout import ArrayLayout, step_request_layout
 from hpc_rl.transport.local import LocalComm
 
 if TYPE_CHECKING:
@@ -53,12 +52,6 @@ class Transport:
     def step_exchange(self, clients: Mapping[int, int], request_bytes: int, reply_bytes: int) -> StepExchange:
         """``clients`` maps every env rank to the inference rank serving it."""
         return self._step(self.comm, self.config, clients, request_bytes, reply_bytes)
-
-    def step_request_layout(self, observation_shapes, num_envs: int, num_agents: int,
-                            num_reward_events: int) -> ArrayLayout:
-        """The env → inference message layout, observations in FP16 if ``config.fp16_observations``."""
-        return step_request_layout(observation_shapes, num_envs, num_agents, num_reward_events,
-                                   self.config.fp16_observations)
 
     def experience_ring(self, owner: int, ring: RingConfig) -> ExperienceRing:
         return self._ring(self.comm, self.config, owner, ring)

@@ -155,26 +155,3 @@ class ArrayLayout:
             wire = buf[f.offset:f.offset + f.wire_nbytes].view(f.wire_dtype).reshape(f.shape)
             result[name] = wire.astype(f.dtype) if f.wire_dtype != f.dtype else wire
         return result
-
-
-def step_request_layout(observation_shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]], num_envs: int,
-                        num_agents: int, num_reward_events: int, fp16_observations: bool) -> ArrayLayout:
-    """The env → inference message: every observation field (masks included), rewards and dones.
-
-    ``observation_shapes`` is ``EnvSpec.observation_shapes(num_envs)``; with ``fp16_observations`` its float32
-    fields travel as float16 (the boolean masks are left exact).
-    """
-    fields = dict(observation_shapes)
-    for reserved in ("reward", "done"):
-        if reserved in fields:
-            raise ValueError(f"observation field name {reserved!r} is reserved by the step exchange")
-    fields["reward"] = ((num_envs, num_agents, num_reward_events), np.dtype(np.float32))
-    fields["done"] = ((num_envs,), np.dtype(bool))
-    half = [k for k, (_, dt) in observation_shapes.items() if np.dtype(dt) == np.float32] if fp16_observations else []
-    return ArrayLayout(fields, half=half)
-
-
-def step_reply_layout(num_envs: int, num_agents: int,
-                      heads: Iterable[str] = ("action", "move", "target")) -> ArrayLayout:
-    """The inference → env message: one int64 array (E, A) per action head."""
-    return ArrayLayout({h: ((num_envs, num_agents), np.dtype(np.int64)) for h in heads})

@@ -17,7 +17,7 @@ from collections import Counter
 
 import numpy as np
 
-from hpc_rl.transport import LocalWorld, RingConfig, Transport, TransportConfig, checksum, step_reply_layout
+from hpc_rl.transport import ArrayLayout, LocalWorld, RingConfig, Transport, TransportConfig, checksum
 
 
 def payload_of(writer: int, seq: int, max_bytes: int) -> np.ndarray:
@@ -277,8 +277,9 @@ class Step:
 
     def run(self, comm, transport) -> dict:
         rank, size = comm.Get_rank(), comm.Get_size()
-        request = transport.step_request_layout(OBS, E, A, 1)
-        reply = step_reply_layout(E, A)
+        request = ArrayLayout({**OBS, "reward": ((E, A, 1), np.dtype(np.float32)), "done": ((E,), np.dtype(bool))},
+                              half=["global"] if self.config.fp16_observations else [])
+        reply = ArrayLayout({head: ((E, A), np.dtype(np.int64)) for head in ("action", "move", "target")})
         steps = transport.step_exchange({env: 0 for env in range(1, size)}, request.nbytes, reply.nbytes)
         if rank != 0:
             bad = 0

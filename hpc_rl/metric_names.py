@@ -1,0 +1,61 @@
+"""Every metric a run writes to ``metrics.h5`` (one row per policy version), named once.
+
+The writers (the PPO learner, the learner role, the controller, evaluator ranks and the offline tournament) and the
+readers (``hpc_rl.study``, ``analysis/``, the benchmarks, jobs) import these names.
+"""
+
+from __future__ import annotations
+
+# The PPO update (hpc_rl.algo.learner): means over the version's gradient steps ...
+POLICY_LOSS = "train/policy_loss"
+VALUE_LOSS = "train/value_loss"
+ENTROPY = "train/entropy"
+APPROX_KL = "train/approx_kl"
+CLIP_FRACTION = "train/clip_fraction"
+GRAD_CLIPPED_FRACTION = "train/grad_clipped_fraction"  # parameters OpenAI Five's per-parameter clip clipped
+# ... and figures of the whole update
+LR = "train/lr"
+ENTROPY_COEF = "train/entropy_coef"
+NONFINITE_SKIPPED = "train/nonfinite_skipped"  # gradient steps skipped on a non-finite loss
+EXPLAINED_VARIANCE = "train/explained_variance"
+TRAIN_STALENESS = "train/staleness"  # mean of (learner version - 1 - behaviour version) over the batch
+UPDATE_SECONDS = "perf/update_seconds"
+SAMPLES = "perf/samples"  # trained samples (weight > 0) in the batch
+
+# The learner role (hpc_rl.roles.learner): data quality and throughput over every learner
+STALENESS_MEAN = "data/staleness_mean"
+STALENESS_BINS = 16  # data/staleness_hist/00 .. 15; the last bin counts staleness >= 15
+REUSE = "data/reuse"  # samples consumed by gradient steps (every epoch counts) / produced
+REJECTED_SEGMENTS = "data/rejected_segments"
+DROPPED_SEGMENTS = "data/dropped_segments"  # learner 0's, dropped from a full buffer before any use
+LEARNER_SAMPLES_PER_S = "perf/learner_samples_per_s"  # samples consumed per second, once per sample
+BUFFER_SEGMENTS = "perf/buffer_segments"
+RING_OCCUPANCY = "perf/ring_occupancy"  # fraction of ring slots READY, over the polls since the last update
+
+
+def staleness_bin(b: int) -> str:
+    """The histogram's bin ``b``: samples trained on ``b`` versions after they were played."""
+    return f"data/staleness_hist/{b:02d}"
+
+
+# The controller (hpc_rl.roles.controller), from every rank's heartbeats
+ENV_STEPS = "perf/env_steps"
+ENV_STEPS_PER_S = "perf/env_steps_per_s"
+INFERENCE_BATCH = "perf/inference_batch"  # mean observations per forward pass
+INFERENCE_MS = "perf/inference_ms"
+WALL_SECONDS = "perf/wall_seconds"
+WIN_RATE_VS_SCRIPTED = "eval/win_rate_vs_scripted"  # the learning side's games against the bot, last ten versions
+GAMES_VS_SCRIPTED = "eval/games_vs_scripted"
+EPISODE_RETURN = "stats/episode_return"  # Gymnasium: mean return of the episodes of the last ten versions
+POOL_SIZE = "league/pool_size"
+GAMES_VS_PAST = "league/games_vs_past"
+SCORE_VS_PAST = "league/score_vs_past"
+
+# Ratings (evaluator ranks, the offline tournament): eval/<family>/<player>
+TRUESKILL, TRUESKILL_SIGMA, GAMES = "trueskill", "trueskill_sigma", "games"
+WIN_RATE, DRAW_RATE, GAMES_VS = "win_rate", "draw_rate", "games_vs"
+POLICY = "policy"  # the player name of a rated version; the others are reference agents
+
+
+def rating(family: str, player: str) -> str:
+    return f"eval/{family}/{player}"
