@@ -74,7 +74,7 @@ def test_a_declared_step_info_travels_to_the_learner(tmp_path):
     env = ProbeEnv(num_envs=2)
     agents = env.spec.num_agents
     config = TrainConfig(runs_dir=str(tmp_path), model=MODEL, env=EnvConfig(num_envs=2, vs_scripted_fraction=0.0),
-                         pipeline=PipelineConfig(segment_len=SEGMENT))
+                         pipeline=PipelineConfig(segment_len=SEGMENT, segments_per_batch=1, max_versions=2))
     runner = SerialRunner(config, env=env)
     first, second = runner.collect(), runner.collect()
     np.testing.assert_array_equal(first["info/probe"].numpy(), expected_probe(0, 2, agents))
@@ -94,3 +94,11 @@ def test_a_declared_step_info_travels_to_the_learner(tmp_path):
     broken = joined.replace(**{"info/probe": torch.full_like(joined["info/probe"], float("nan"))})
     with pytest.raises(SegmentError, match="non-finite values in info/probe"):
         validate(broken, schema, max_version=0)
+
+    # The roles on their own: the learner role takes, checks and trains on segments that carry it.
+    runner.run()
+    trained = [h.batch["info/probe"].numpy() for h in runner.learner_worker.store.held if h.uses]
+    assert len(trained) == 2  # pipeline.max_versions updates of one segment each
+    for probe in trained:
+        first = int(probe[0, 0, 0]) - 1
+        np.testing.assert_array_equal(probe, expected_probe(first, 2, agents))
