@@ -6,36 +6,18 @@ import numpy as np
 import pytest
 import torch
 
-from hpc_rl.config import EnvConfig, TrainConfig
+from hpc_rl.config import EnvConfig
 from hpc_rl.envs.gym_adapter import GymVecEnv
-from hpc_rl.envs.moba import MobaConfig
 from hpc_rl.envs.scripted import scripted_bot_hash
 from hpc_rl.evaluation import evaluate_return, play_match, play_vs_bot
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.policy import Policy, act, hero_indices
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Small policies on a shared machine: intra-op threads only contend (several times slower on 2 cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _config(time_limit: int) -> TrainConfig:
-    return TrainConfig(env=EnvConfig(moba=MobaConfig(time_limit=time_limit)),
-                       model=ModelConfig(lstm_size=16, embed_size=8))
-
-
-def _policy(config: TrainConfig, seed: int) -> Policy:
-    torch.manual_seed(seed)
-    return Policy(config.env.make(num_envs=1).spec, config.model).eval()
+from small_moba import one_torch_thread, seeded_policy, small_config  # noqa: F401 (a fixture)
 
 
 def test_games_that_reach_the_time_limit_are_draws_and_the_tally_adds_up():
-    config = _config(time_limit=5)
+    config = small_config(time_limit=5)
     policy = Policy(config.env.make(num_envs=1).spec, config.model)
     result = play_vs_bot(policy, config, "scripted", games=6, seed=0)
     assert result["games"] == 6 and result["draws"] == 6 and result["wins"] == result["losses"] == 0
@@ -44,14 +26,14 @@ def test_games_that_reach_the_time_limit_are_draws_and_the_tally_adds_up():
 
 
 def test_only_moba_runs_play_against_the_bots():
-    config = dataclasses.replace(_config(5), env=EnvConfig(name="gym:CartPole-v1", vs_scripted_fraction=0.0))
+    config = dataclasses.replace(small_config(5), env=EnvConfig(name="gym:CartPole-v1", vs_scripted_fraction=0.0))
     policy = Policy(config.env.make(num_envs=1).spec, config.model)
     with pytest.raises(ValueError, match="needs a MOBA run"):
         play_vs_bot(policy, config, "scripted", games=2, seed=0)
 
 
 def test_sides_alternate_and_results_are_counted_from_the_first_players_side():
-    config = _config(time_limit=9000)
+    config = small_config(time_limit=9000)
     strong = play_match("scripted", "random", config, games=4, seed=3)
     weak = play_match("random", "scripted", config, games=4, seed=3)
     # The scripted bot beats random from either side (it is team 0 in copies 0 and 2, team 1 in 1 and 3).
@@ -62,8 +44,8 @@ def test_sides_alternate_and_results_are_counted_from_the_first_players_side():
 
 
 def test_two_policies_play_deterministically_for_a_fixed_seed():
-    config = _config(time_limit=200)
-    a, b = _policy(config, 1), _policy(config, 2)
+    config = small_config(time_limit=200)
+    a, b = seeded_policy(config, 1), seeded_policy(config, 2)
     steps = []
     first = play_match(a, b, config, games=4, seed=7, on_step=lambda: steps.append(1))
     assert play_match(a, b, config, games=4, seed=7) == first

@@ -9,37 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from hpc_rl.config import EnvConfig, TrainConfig, to_yaml
-from hpc_rl.envs.moba import MobaConfig
+from hpc_rl.config import to_yaml
 from hpc_rl.launch import rank_env
 from hpc_rl.league.tournament import RatingBook, last_rated_version
-from hpc_rl.model.config import ModelConfig
-from hpc_rl.model.policy import Policy
 from hpc_rl.storage import MetricsWriter, commit_checkpoint, open_run, write_meta
 from hpc_rl.storage.layout import RunLayout
 
+from small_moba import one_torch_thread, seeded_policy, small_config  # noqa: F401 (a fixture)
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Small policies on a shared machine: intra-op threads only contend (several times slower on 2 cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _config(time_limit: int) -> TrainConfig:
-    return TrainConfig(env=EnvConfig(moba=MobaConfig(time_limit=time_limit)),
-                       model=ModelConfig(lstm_size=16, embed_size=8))
-
-
-def _policy(config: TrainConfig, seed: int) -> Policy:
-    torch.manual_seed(seed)
-    return Policy(config.env.make(num_envs=1).spec, config.model).eval()
 
 
 def _matches(scores_random, scores_scripted):
@@ -76,7 +55,7 @@ def test_rating_book_writes_figures_and_a_resumed_run_continues_its_table(tmp_pa
 def _tiny_run(path: Path, versions=(2, 4), time_limit: int = 2500) -> Path:
     """A finished pipeline-like run: config.yaml, meta.json then status.json, training metrics, and checkpoints
     of freshly initialised policies (what jobs/tournament.py reads)."""
-    config = _config(time_limit)
+    config = small_config(time_limit)
     path.mkdir(parents=True)
     (path / "config.yaml").write_text(to_yaml(config))
     write_meta(path, world_size=6, roles={0: "controller[0]"})
@@ -84,7 +63,7 @@ def _tiny_run(path: Path, versions=(2, 4), time_limit: int = 2500) -> Path:
         for v in range(1, max(versions) + 1):
             metrics.log("train/policy_loss", v, 1000 * v, 0.1, wall_time=100.0 * v)
     for v in versions:
-        params = {k: t.numpy() for k, t in _policy(config, v).state_dict().items()}
+        params = {k: t.numpy() for k, t in seeded_policy(config, v).state_dict().items()}
         commit_checkpoint(path / "checkpoints", v, {"params": params}, config.config_hash())
     (path / "status.json").write_text(json.dumps({"state": "finished", "version": max(versions)}))
     return path

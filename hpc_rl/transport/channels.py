@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpc_rl.transport.layout import as_bytes
+from hpc_rl.transport.wait import TransportError
 
 _nbytes = operator.attrgetter("nbytes")
 
@@ -76,6 +77,19 @@ class StepExchange(ABC):
     def _check_size(self, payload: np.ndarray, capacity: int, what: str) -> None:
         if payload.nbytes > capacity:
             raise ValueError(f"{what} of {payload.nbytes} bytes exceeds the channel's {capacity}-byte slot")
+
+    def _is_new_request(self, env_rank: int, seq: int) -> bool:
+        """Whether request ``seq`` of ``env_rank`` is the next one (False: the last one, seen already). A skipped
+        step, or a step sent before the last was answered, raises TransportError. The inference side keeps
+        ``_received`` and ``_replied``: the sequence number of every env's last request and last reply."""
+        last = self._received[env_rank]
+        if seq == last:
+            return False
+        if seq != last + 1:
+            raise TransportError(f"step request {seq} from rank {env_rank} after {last}: a step was lost")
+        if self._replied[env_rank] != last:
+            raise TransportError(f"rank {env_rank} sent step {seq} before step {last} was answered")
+        return True
 
     @abstractmethod
     def send_request(self, payload: np.ndarray) -> None:
