@@ -65,6 +65,16 @@ loss         1 on the step the own team loses its base
 All randomness (lineups, starting level and gold: OpenAI Five's domain randomisation) is drawn at the start of a game
 from a hash of (seed, global copy index, game index), so a copy plays the same games whether it is stepped alone or
 with others, and whatever the other copies do.
+
+``MobaConfig``, ``REWARD_EVENTS`` and the column of each event in the events array, ``EV_<EVENT>``, live in
+``hpc_rl.envs.moba_config``, which imports neither numba nor torch.
+
+The rules run in numba-compiled kernels that loop over the copies: ``_reset_all``, ``_step_all`` and ``_observe_all``.
+A step of a copy goes through phases, each a function with a docstring, inlined into ``_step_copies``: ``_snapshot``
+(the state the dense events are changes of), ``_tick_timers`` (timers, respawns), ``_start_positions`` (distances),
+``_hero_actions``, ``_creep_actions`` and ``_tower_actions`` (decided on the start-of-step state, blows queued),
+``_land_blows`` (damage, moves, stuns), ``_deaths`` (bounties, experience, the sparse events), ``_regenerate``
+(regeneration, levels, items), ``_spawn_wave``, ``_dense_events``, and ``_end_game`` or the fog (``_compute_vis``).
 """
 
 from __future__ import annotations
@@ -461,8 +471,8 @@ def _step_all(uf, ui, hf, gi, vis, seeds, act, mov, tgt, P, hs, us, lane_wp, tow
 
 
 # The phases below are inlined into _step_copies, which runs without numba's reference counting (NRT): with it, the
-# arrays every phase takes are counted in and out once per copy and phase, which made a 1v1 step 30-40% slower than one
-# function (inlined or not). Nothing here allocates; _reset_copy, which does, asks for NRT itself.
+# arrays every phase takes are counted in and out once per copy and phase, which made this kernel 30-40% slower in 1v1
+# than one function (inlined or not). Nothing here allocates; _reset_copy, which does, asks for NRT itself.
 @njit(cache=True, _nrt=False)
 def _step_copies(uf, ui, hf, gi, vis, seeds, act, mov, tgt, P, hs, us, lane_wp, tower_xy, tower_lane, tower_tier,
                  base_xy, creep_spawn, hero_spawn, pool, lineup, events, dones, winners, lengths, dist, inv, nx, ny,
