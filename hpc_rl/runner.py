@@ -22,13 +22,12 @@ segment feeds (the inference worker acts and ships in one pass); every step reco
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from hpc_rl.config import TrainConfig
 from hpc_rl.data.batch import Batch, SegmentSchema
-from hpc_rl.envs.api import VecEnv
+from hpc_rl.envs.api import EnvSpec, VecEnv
 from hpc_rl.model.policy import Policy
 from hpc_rl.roles.allreduce import SingleAllreduce
 from hpc_rl.roles.control import ControlLink, LocalControlHub
@@ -43,13 +42,16 @@ from hpc_rl.topology import Role, Topology, TopologyConfig
 from hpc_rl.transport import RingConfig, Transport
 from hpc_rl.transport.local import LocalWorld
 
-log = logging.getLogger(__name__)
-
 TOPOLOGY = TopologyConfig(env=1, inference=1, learner=1, evaluator=0)
+# Every role reports to the controller this often (the MPI job's pipeline.heartbeat_s is a second): the env steps,
+# games and win rates the controller writes with a version are at most this old.
+HEARTBEAT_S = 0.02
 ENV, INFERENCE, LEARNER = (Topology(TOPOLOGY).ranks(role)[0] for role in (Role.ENV, Role.INFERENCE, Role.LEARNER))
 
 
 class SerialRunner:
+    """One run of the roles in one process (see the module docstring)."""
+
     def __init__(self, config: TrainConfig, env: VecEnv | None = None, overrides: tuple[str, ...] = ()):
         """``env`` replaces the environment ``config.env`` would make (its ``num_envs`` copies); ``overrides`` go to
         the runs directory's index as in the MPI job. An existing run directory is resumed from its latest good
@@ -78,13 +80,10 @@ class SerialRunner:
                              transport.experience_ring(owner=LEARNER, ring=ring_config),
                              transport.parameter_channel(publisher=LEARNER, max_bytes=param_bytes)))
         self.channels = channels
-        self.transport_meta = transport.meta()
-        # In one process a heartbeat is a deque append: every role reports at every step, so the controller's
-        # figures (env steps, games, win rates) are those of the version they are written at.
-        link = lambda rank: ControlLink(hub.endpoint(rank), heartbeat_s=0.0)  # noqa: E731
+        link = lambda rank: ControlLink(hub.endpoint(rank), heartbeat_s=HEARTBEAT_S)  # noqa: E731
         self.control = hub.endpoint(CONTROLLER)
 
-        write_meta(run_dir, world_size=TOPOLOGY.world_size, roles=topology.role_map(), transport=self.transport_meta,
+        write_meta(run_dir, world_size=TOPOLOGY.world_size, roles=topology.role_map(), transport=transport.meta(),
                    config_hash=config.config_hash(), resumed_from=resume_version)
         self.controller = Controller(config, topology, self.control, run_dir, resume_version, stop_flag=None)
         self.learner_worker = LearnerWorker(config, spec, SingleAllreduce(), channels[LEARNER][1],
@@ -111,7 +110,7 @@ class SerialRunner:
         return self.learner_worker.policy
 
     @property
-    def spec(self):
+    def spec(self) -> EnvSpec:
         return self.learner_worker.spec
 
     @property
@@ -139,7 +138,8 @@ class SerialRunner:
         job does. Returns the last version's metrics."""
         seen = self.controller.version
         final_sent = stop_sent = False
-        playing = True
+        playing = updated = True
+        ring, learner_mail = self.channels[LEARNER][1], self.learner_worker.link.endpoint
         while playing:
             playing = self._play_step()
             if self.learner_worker.done:
@@ -147,9 +147,12 @@ class SerialRunner:
                 if not final_sent:
                     self.learner_worker.final_checkpoint()
                     final_sent = True
-            else:
-                self.learner_worker.step()
-            self.controller.step()
+            elif updated or ring.ready_slots() or learner_mail.has_mail():
+                # The learner's decision changes only when segments arrive, after its own update, or when the
+                # controller writes to it (a stop): otherwise a step would decide as the last one did.
+                updated = self.learner_worker.step()
+            if self.control.has_mail():  # a heartbeat at least every HEARTBEAT_S: the controller's clock
+                self.controller.step()
             if self.controller.version != seen:
                 seen = self.controller.version
                 if on_update is not None and not stop_sent and on_update(self, self.metrics):

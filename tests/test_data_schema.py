@@ -85,7 +85,7 @@ def test_a_declared_step_info_travels_to_the_learner(tmp_path):
     assert request.fields["info/probe"].shape == (2, agents, 2)
     # ... and so does a segment on the wire, into the learner's joined batch, checked like every float field.
     schema = SegmentSchema(env.spec, 2 * agents, SEGMENT, MODEL.chunk_len, MODEL.lstm_size, fp16_observations=True)
-    taken = [schema.unpack(schema.pack(b, env_rank=1, seq=k))[0] for k, b in enumerate((first, second))]
+    taken = [schema.unpack(schema.pack(b.fields, env_rank=1, seq=k))[0] for k, b in enumerate((first, second))]
     joined = schema.concat(taken)
     np.testing.assert_array_equal(joined["info/probe"].numpy(),
                                   np.concatenate([expected_probe(0, 2, agents), expected_probe(SEGMENT, 2, agents)],

@@ -23,7 +23,7 @@ def real_batch(tmp_path_factory):
 @pytest.mark.parametrize("fp16", [False, True])
 def test_round_trip(real_batch, fp16):
     schema = SegmentSchema(MobaConfig().spec(), 4, 32, MODEL.chunk_len, MODEL.lstm_size, fp16)
-    payload = schema.pack(real_batch, env_rank=3, seq=17)
+    payload = schema.pack(real_batch.fields, env_rank=3, seq=17)
     batch, env_rank, seq = schema.unpack(payload)
     assert (env_rank, seq) == (3, 17)
     assert torch.equal(batch.actions["target"], real_batch.actions["target"])
@@ -59,7 +59,7 @@ def _damaged(batch, what):
 
 def _packed(batch):
     schema = SegmentSchema(MobaConfig().spec(), 4, 32, MODEL.chunk_len, MODEL.lstm_size)
-    return schema, schema.pack(batch, 0, 1)
+    return schema, schema.pack(batch.fields, 0, 1)
 
 
 @pytest.mark.parametrize("what, message", [("nan", "non-finite"), ("illegal_action", "illegal"),

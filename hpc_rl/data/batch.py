@@ -161,10 +161,13 @@ class SegmentSchema:
     def buffer(self) -> SegmentBuffer:
         return SegmentBuffer(self)
 
-    def pack(self, batch: Batch, env_rank: int, seq: int, out: np.ndarray | None = None) -> np.ndarray:
-        arrays = {name: value.numpy() for name, value in batch.fields.items()}
-        arrays[WIRE_IDS] = np.array([env_rank, seq], dtype=np.int64)
-        return self.layout.pack(arrays, out)
+    def pack(self, arrays: Mapping[str, np.ndarray | torch.Tensor], env_rank: int, seq: int,
+             out: np.ndarray | None = None) -> np.ndarray:
+        """A segment's fields (``Batch.fields``, or ``SegmentBuffer.finish``'s arrays) and its ids as one
+        payload."""
+        wire = {name: np.asarray(value) for name, value in arrays.items()}
+        wire[WIRE_IDS] = np.array([env_rank, seq], dtype=np.int64)
+        return self.layout.pack(wire, out)
 
     def unpack(self, payload: np.ndarray) -> tuple[Batch, int, int]:
         """``(batch, env_rank, seq)``; the batch owns its memory (the payload may be reused)."""
@@ -178,6 +181,8 @@ class SegmentSchema:
         """Join segments along the agent axis into one learner batch."""
         if not batches:
             raise ValueError("no segments to join")
+        if len(batches) == 1:
+            return batches[0]
         return Batch({f.name: torch.cat([b.fields[f.name] for b in batches], dim=f.agent_axis)
                       for f in self.fields})
 
@@ -207,9 +212,14 @@ class SegmentBuffer:
         for name, value in values.items():
             self.arrays[name][t] = value
 
-    def batch(self, bootstrap_value: torch.Tensor) -> Batch:
+    def finish(self, bootstrap_value: torch.Tensor) -> dict[str, np.ndarray]:
+        """Every field of the full segment, the bootstrap value included (the buffer's own arrays: pack or copy
+        them before the next step is stored)."""
         self.arrays["bootstrap_value"][:] = bootstrap_value.cpu().numpy()
-        return Batch({name: torch.from_numpy(a.copy()) for name, a in self.arrays.items()})
+        return self.arrays
+
+    def batch(self, bootstrap_value: torch.Tensor) -> Batch:
+        return Batch({name: torch.from_numpy(a.copy()) for name, a in self.finish(bootstrap_value).items()})
 
 
 def validate(batch: Batch, schema: SegmentSchema, max_version: int) -> None:

@@ -118,6 +118,9 @@ class LocalControl(ControlEndpoint):
         box = self.hub.mailboxes[self.rank]
         return box.popleft() if box else None
 
+    def has_mail(self) -> bool:
+        return bool(self.hub.mailboxes[self.rank])
+
     def flush(self) -> None:
         """Nothing in flight: a local send is delivered when it returns."""
 

@@ -88,6 +88,7 @@ class InferenceWorker:
         self.per_env = n * agents
         fp16 = config.transport.fp16_observations
         self.requests = request_layout(self.spec, n, fp16)
+        self.obs_keys = tuple(self.spec.observation_shapes(1))
         self.replies = reply_layout(self.spec, n)
         self.reply_buffer = np.empty(self.replies.nbytes, np.uint8)
         self.schema = SegmentSchema(self.spec, self.per_env, config.pipeline.segment_len, config.model.chunk_len,
@@ -99,6 +100,7 @@ class InferenceWorker:
         self.pending: dict[int, _Pending | None] = {e: None for e in env_ranks}
         self.segments_sent = {e: 0 for e in env_ranks}
         self.hero = np.tile(hero_indices(self.spec), n)
+        self.hero_t: dict[int, torch.Tensor] = {}
         self.weight = self._weights()
         self.reward_config = config.env.reward_config()
         self.next_ring = 0
@@ -228,15 +230,19 @@ class InferenceWorker:
 
     def _step(self, env_ranks: list[int], messages: dict[int, dict[str, np.ndarray]]) -> None:
         """One policy step for every agent of ``env_ranks`` in one batch."""
-        flat = {e: {k: messages[e][k].reshape(self.per_env, *messages[e][k].shape[2:])
-                    for k in self.spec.observation_shapes(1)} for e in env_ranks}
+        flat = {e: {k: messages[e][k].reshape(self.per_env, *messages[e][k].shape[2:]) for k in self.obs_keys}
+                for e in env_ranks}
         starts = {e: np.repeat(messages[e]["done"], self.spec.num_agents) for e in env_ranks}
-        obs = {k: np.concatenate([flat[e][k] for e in env_ranks]) for k in flat[env_ranks[0]]}
         before = {e: self.state[e] for e in env_ranks}
-        state = tuple(torch.cat([self.state[e][i] for e in env_ranks]) for i in range(2))
-        hero = torch.from_numpy(np.tile(self.hero, len(env_ranks))).to(self.device)
+        if len(env_ranks) == 1:  # the serial runner's case: nothing to join
+            obs, state, starts_np = flat[env_ranks[0]], self.state[env_ranks[0]], starts[env_ranks[0]]
+        else:
+            obs = {k: np.concatenate([flat[e][k] for e in env_ranks]) for k in self.obs_keys}
+            state = tuple(torch.cat([self.state[e][i] for e in env_ranks]) for i in range(2))
+            starts_np = np.concatenate([starts[e] for e in env_ranks])
+        hero = self._hero(len(env_ranks))
         obs_t = to_device(obs, self.device)
-        starts_t = torch.from_numpy(np.concatenate([starts[e] for e in env_ranks])).to(self.device)
+        starts_t = torch.from_numpy(starts_np).to(self.device)
         t0 = time.perf_counter()
         step = act(self.policy, obs_t, hero, starts_t, state)
         weights = {e: self.weight for e in env_ranks}
@@ -251,14 +257,21 @@ class InferenceWorker:
         actions_all = {k: v.cpu().numpy() for k, v in step.actions.items()}
         for i, e in enumerate(env_ranks):
             part = slice(i * self.per_env, (i + 1) * self.per_env)
-            mine = PolicyStep({k: v[part] for k, v in step.actions.items()}, step.logp[part], step.entropy[part],
-                              step.value[part], (step.state[0][part], step.state[1][part]))
+            mine = step if len(env_ranks) == 1 else PolicyStep(
+                {k: v[part] for k, v in step.actions.items()}, step.logp[part], step.entropy[part], step.value[part],
+                (step.state[0][part], step.state[1][part]))
             reply = {k: v[part].reshape(self.config.env.num_envs, self.spec.num_agents) for k, v in actions_all.items()}
             self.exchange.send_reply(e, self.replies.pack(reply, self.reply_buffer))
             self._complete(e, messages[e], mine)
             self.buffers[e].store_state(self.t[e], before[e])
             self.pending[e] = _Pending(flat[e], starts[e], mine, self.version, weights[e])
             self.state[e] = mine.state
+
+    def _hero(self, num_env_ranks: int) -> torch.Tensor:
+        """The hero index of every agent of ``num_env_ranks`` env ranks, on the device (made once per count)."""
+        if num_env_ranks not in self.hero_t:
+            self.hero_t[num_env_ranks] = torch.from_numpy(np.tile(self.hero, num_env_ranks)).to(self.device)
+        return self.hero_t[num_env_ranks]
 
     def _complete(self, e: int, message: dict[str, np.ndarray], now: PolicyStep) -> None:
         """Store the pending step of env rank ``e`` with the reward and done ``message`` brings; ship a full segment."""
@@ -281,13 +294,13 @@ class InferenceWorker:
             self.t[e] = 0
 
     def _ship(self, e: int, bootstrap_value: torch.Tensor) -> None:
-        batch = self.buffers[e].batch(bootstrap_value)
+        segment = self.buffers[e].finish(bootstrap_value)
         self.segments_sent[e] += 1
-        payload = self.schema.pack(batch, e, self.segments_sent[e], self.segment_buffer)
+        payload = self.schema.pack(segment, e, self.segments_sent[e], self.segment_buffer)
         # Round-robin over learners, so every learner's buffer fills at the same rate.
         ring = self.rings[self.next_ring]
         patiently(lambda timeout: ring.put(payload, timeout), self.link, self.config.transport.timeout_s)
         self.produced_ids.append((self.exchange.rank, e, self.segments_sent[e]))
         self.next_ring = (self.next_ring + 1) % len(self.rings)
         self.segments += 1
-        self.samples += int(batch.weight.sum())
+        self.samples += int(segment["weight"].sum())

@@ -7,8 +7,9 @@ boundaries so that a Put of a payload never shares a cache line with a header wo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import xxhash
@@ -99,10 +100,10 @@ class Field:
     dtype: np.dtype
     wire_dtype: np.dtype
     offset: int
+    wire_nbytes: int = field(init=False)  # computed once: pack and unpack run for every step of every env rank
 
-    @property
-    def wire_nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.wire_dtype.itemsize
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wire_nbytes", math.prod(self.shape) * self.wire_dtype.itemsize)
 
 
 class ArrayLayout:
@@ -125,33 +126,37 @@ class ArrayLayout:
             if name in half and dtype != np.float32:
                 raise ValueError(f"field {name!r} is {dtype}; only float32 fields can travel as float16")
             wire = np.dtype(np.float16) if name in half else dtype
-            field = Field(name, tuple(int(s) for s in shape), dtype, wire, offset)
-            self.fields[name] = field
-            offset = align(offset + field.wire_nbytes, WORD_BYTES)
+            f = Field(name, tuple(int(s) for s in shape), dtype, wire, offset)
+            self.fields[name] = f
+            offset = align(offset + f.wire_nbytes, WORD_BYTES)
         self.nbytes = offset
+        self._out: np.ndarray | None = None  # the buffer packed into last, and its fields' views (most callers
+        self._dests: dict[str, np.ndarray] = {}  # pack every step into the same buffer)
 
     def pack(self, arrays: Mapping[str, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
         """Write every field into ``out`` (a uint8 buffer of at least ``nbytes``; allocated if None)."""
-        if set(arrays) != set(self.fields):
+        if arrays.keys() != self.fields.keys():
             raise ValueError(f"arrays {sorted(arrays)} differ from the layout's fields {sorted(self.fields)}")
         if out is None:
             out = np.empty(self.nbytes, np.uint8)
         elif out.dtype != np.uint8 or out.size < self.nbytes:
             raise ValueError(f"out must be a uint8 buffer of >= {self.nbytes} bytes, got {out.dtype} {out.size}")
+        if out is not self._out:
+            self._out, self._dests = out, self._views(out)
         for name, f in self.fields.items():
             value = np.asarray(arrays[name])
             if value.shape != f.shape:
                 raise ValueError(f"field {name!r}: shape {value.shape}, layout expects {f.shape}")
-            dest = out[f.offset:f.offset + f.wire_nbytes].view(f.wire_dtype).reshape(f.shape)
-            np.copyto(dest, value, casting="same_kind" if f.wire_dtype != f.dtype else "no")
+            np.copyto(self._dests[name], value, casting="same_kind" if f.wire_dtype != f.dtype else "no")
         return out
+
+    def _views(self, buf: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: buf[f.offset:f.offset + f.wire_nbytes].view(f.wire_dtype).reshape(f.shape)
+                for name, f in self.fields.items()}
 
     def unpack(self, buf: np.ndarray) -> dict[str, np.ndarray]:
         """Every field of a packed buffer; float16 wire fields come back as new float32 arrays, others are views."""
         if buf.dtype != np.uint8 or buf.size < self.nbytes:
             raise ValueError(f"buf must be a uint8 buffer of >= {self.nbytes} bytes, got {buf.dtype} {buf.size}")
-        result = {}
-        for name, f in self.fields.items():
-            wire = buf[f.offset:f.offset + f.wire_nbytes].view(f.wire_dtype).reshape(f.shape)
-            result[name] = wire.astype(f.dtype) if f.wire_dtype != f.dtype else wire
-        return result
+        return {name: wire.astype(self.fields[name].dtype) if wire.dtype != self.fields[name].dtype else wire
+                for name, wire in self._views(buf).items()}
