@@ -75,3 +75,15 @@ def test_short_payload_is_refused(real_batch):
     with pytest.raises(SegmentError, match="bytes"):
         schema.unpack(payload[: schema.layout.nbytes // 2])
     assert np.asarray(payload).dtype == np.uint8
+
+
+def test_a_float_field_whose_sum_overflows_is_still_finite(real_batch):
+    """validate sums a float field first and checks it element-wise only when the sum is not finite."""
+    schema, payload = _packed(real_batch)
+    batch = schema.unpack(payload)[0]
+    big = batch.replace(value=torch.full_like(batch.value, 3e38))  # finite, but the sum overflows float32
+    assert not torch.isfinite(big.value.sum())
+    validate(big, schema, max_version=0)
+    big.value[2, 1] = float("inf")
+    with pytest.raises(SegmentError, match="non-finite values in value"):
+        validate(big, schema, max_version=0)

@@ -228,7 +228,9 @@ def validate(batch: Batch, schema: SegmentSchema, max_version: int) -> None:
     behaviour log-probabilities above 0."""
     for f in schema.fields:
         value = batch.fields[f.name]
-        if value.is_floating_point() and not torch.isfinite(value).all():
+        # A sum is finite when every element is, unless it overflowed: one pass without a mask tensor for the common
+        # case, and the element-wise check only when the sum is not finite.
+        if value.is_floating_point() and not (torch.isfinite(value.sum()) or torch.isfinite(value).all()):
             raise SegmentError(f"non-finite values in {f.name}")
     spec = schema.spec
     if ((batch.weight < 0) | (batch.weight > 1)).any():

@@ -89,6 +89,8 @@ class InferenceWorker:
         fp16 = config.transport.fp16_observations
         self.requests = request_layout(self.spec, n, fp16)
         self.obs_keys = tuple(self.spec.observation_shapes(1))
+        self.obs_fields = {k: f"obs/{k}" for k in self.obs_keys}  # observation key -> batch field
+        self.info_fields = tuple(f"info/{info.name}" for info in self.spec.step_infos)
         self.replies = reply_layout(self.spec, n)
         self.reply_buffer = np.empty(self.replies.nbytes, np.uint8)
         self.schema = SegmentSchema(self.spec, self.per_env, config.pipeline.segment_len, config.model.chunk_len,
@@ -283,11 +285,11 @@ class InferenceWorker:
                                message["game_time"]).reshape(-1)
         done = np.repeat(message["done"], self.spec.num_agents)
         t = self.t[e]
-        self.buffers[e].store(t, {**{f"obs/{k}": v for k, v in pending.obs.items()}, "hero": self.hero,
+        self.buffers[e].store(t, {**{name: pending.obs[k] for k, name in self.obs_fields.items()}, "hero": self.hero,
                                   "starts": pending.starts, **policy_step_fields(pending.step), "reward": reward,
                                   "done": done, "weight": pending.weight, "version": pending.version,
-                                  **{k: v.reshape(self.per_env, *v.shape[2:]) for k, v in message.items()
-                                     if k.startswith("info/")}})
+                                  **{k: message[k].reshape(self.per_env, *message[k].shape[2:])
+                                     for k in self.info_fields}})
         self.t[e] = t + 1
         if self.t[e] == self.config.pipeline.segment_len:
             self._ship(e, now.value)
