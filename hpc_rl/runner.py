@@ -30,16 +30,16 @@ from hpc_rl.data.batch import Batch, SegmentSchema
 from hpc_rl.envs.api import EnvSpec, VecEnv
 from hpc_rl.model.policy import Policy
 from hpc_rl.roles.allreduce import SingleAllreduce
+from hpc_rl.roles.common import open_channels
 from hpc_rl.roles.control import ControlLink, LocalControlHub
 from hpc_rl.roles.controller import Controller, open_run_dir
 from hpc_rl.roles.env_worker import EnvWorker
 from hpc_rl.roles.inference import InferenceWorker
 from hpc_rl.roles.learner import LearnerWorker
-from hpc_rl.roles.protocol import (CONTROLLER, TAG_ACCOUNTING, TAG_STOP, parameter_bytes, reply_layout,
-                                   request_layout)
+from hpc_rl.roles.protocol import CONTROLLER, TAG_ACCOUNTING, TAG_STOP
 from hpc_rl.storage import write_meta
 from hpc_rl.topology import Role, Topology, TopologyConfig
-from hpc_rl.transport import RingConfig, Transport
+from hpc_rl.transport import Transport
 from hpc_rl.transport.local import LocalWorld
 
 TOPOLOGY = TopologyConfig(env=1, inference=1, learner=1, evaluator=0)
@@ -66,32 +66,24 @@ class SerialRunner:
         spec = (env if env is not None else config.env.make(num_envs=1)).spec
 
         world, hub = LocalWorld(TOPOLOGY.world_size), LocalControlHub(TOPOLOGY.world_size)
-        n, fp16 = config.env.num_envs, config.transport.fp16_observations
-        self.schema = SegmentSchema(spec, n * spec.num_agents, config.pipeline.segment_len, config.model.chunk_len,
-                                    config.model.lstm_size, fp16)
-        ring_config = RingConfig(slots=config.pipeline.ring_slots, slot_bytes=self.schema.layout.nbytes,
-                                 full_policy=config.pipeline.full_policy)
-        param_bytes = parameter_bytes(Policy(spec, config.model))
-        channels = []
-        for rank in range(TOPOLOGY.world_size):  # created in the same order by every rank, as collectives are
-            transport = Transport(world.comm(rank), config.transport)
-            channels.append((transport.step_exchange({ENV: INFERENCE}, request_layout(spec, n, fp16).nbytes,
-                                                     reply_layout(spec, n).nbytes),
-                             transport.experience_ring(owner=LEARNER, ring=ring_config),
-                             transport.parameter_channel(publisher=LEARNER, max_bytes=param_bytes)))
+        self.schema = SegmentSchema.of_run(config, spec)
+        transports = [Transport(world.comm(rank), config.transport) for rank in range(TOPOLOGY.world_size)]
+        # Rank by rank, each rank's channels in the same order, as collective creation asks. The ring's owner (the
+        # learner, the last rank) also closes last: its close waits for every writer's.
+        channels = [open_channels(transport, config, spec, topology) for transport in transports]
         self.channels = channels
         link = lambda rank: ControlLink(hub.endpoint(rank), heartbeat_s=HEARTBEAT_S)  # noqa: E731
         self.control = hub.endpoint(CONTROLLER)
 
-        write_meta(run_dir, world_size=TOPOLOGY.world_size, roles=topology.role_map(), transport=transport.meta(),
+        write_meta(run_dir, world_size=TOPOLOGY.world_size, roles=topology.role_map(), transport=transports[0].meta(),
                    config_hash=config.config_hash(), resumed_from=resume_version)
         self.controller = Controller(config, topology, self.control, run_dir, resume_version, stop_flag=None)
-        self.learner_worker = LearnerWorker(config, spec, SingleAllreduce(), channels[LEARNER][1],
-                                            channels[LEARNER][2], link(LEARNER),
+        self.learner_worker = LearnerWorker(config, spec, SingleAllreduce(), channels[LEARNER].rings[0],
+                                            channels[LEARNER].params, link(LEARNER),
                                             (resume.version, resume.sections) if resume is not None else None)
-        self.inference = InferenceWorker(config, spec, [ENV], channels[INFERENCE][0], [channels[INFERENCE][1]],
-                                         channels[INFERENCE][2], link(INFERENCE))
-        self.env_worker = EnvWorker(config, ENV, 0, channels[ENV][0], link(ENV), max(resume_version, 0), env=env)
+        self.inference = InferenceWorker(config, spec, [ENV], channels[INFERENCE].steps, channels[INFERENCE].rings,
+                                         channels[INFERENCE].params, link(INFERENCE))
+        self.env_worker = EnvWorker(config, ENV, 0, channels[ENV].steps, link(ENV), max(resume_version, 0), env=env)
         self.controller.start()
         self.learner_worker.start()
         self.inference.start()
@@ -126,9 +118,9 @@ class SerialRunner:
     def _play_step(self) -> bool:
         """One env step through the inference worker; False once the env worker has been told to stop."""
         if not self.env_worker.send():
-            self.inference.serve(self.channels[INFERENCE][0].poll_requests())  # the stop request
+            self.inference.serve(self.channels[INFERENCE].steps.poll_requests())  # the stop request
             return False
-        self.inference.serve(self.channels[INFERENCE][0].poll_requests())
+        self.inference.serve(self.channels[INFERENCE].steps.poll_requests())
         self.env_worker.receive()
         return True
 
@@ -139,7 +131,7 @@ class SerialRunner:
         seen = self.controller.version
         final_sent = stop_sent = False
         playing = updated = True
-        ring, learner_mail = self.channels[LEARNER][1], self.learner_worker.link.endpoint
+        ring, learner_mail = self.channels[LEARNER].rings[0], self.learner_worker.link.endpoint
         while playing:
             playing = self._play_step()
             if self.learner_worker.done:
@@ -164,7 +156,7 @@ class SerialRunner:
     def collect(self) -> Batch:
         """Play until the next segment is in the learner's ring and take it out (the learner role will not train on
         it): a batch of ``segment_len`` steps of every agent."""
-        ring = self.channels[LEARNER][1]
+        ring = self.channels[LEARNER].rings[0]
         while ring.ready_slots() == 0:
             self._play_step()
         taken = ring.take_view()
@@ -190,7 +182,5 @@ class SerialRunner:
         self.learner_worker.link.send({"consumed": self.learner_worker.consumed_ids, "left": left}, TAG_ACCOUNTING)
         self.controller.service()
         self.controller.finish()
-        for steps, ring, params in self.channels:
-            ring.close()
-            params.close()
-            steps.close()
+        for channels in self.channels:
+            channels.close()

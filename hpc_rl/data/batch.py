@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hpc_rl.algo.bptt import LSTMState
+from hpc_rl.config import TrainConfig
 from hpc_rl.envs.api import EnvSpec
 from hpc_rl.model.policy import HEADS, PolicyStep
 from hpc_rl.transport.layout import ArrayLayout
@@ -137,6 +138,12 @@ class SegmentSchema:
     lstm_size: int
     fp16_observations: bool = False
 
+    @classmethod
+    def of_run(cls, config: TrainConfig, spec: EnvSpec) -> SegmentSchema:
+        """The segments of one env rank of a run (its ``env.num_envs`` copies × the spec's agents)."""
+        return cls(spec, config.env.num_envs * spec.num_agents, config.pipeline.segment_len, config.model.chunk_len,
+                   config.model.lstm_size, config.transport.fp16_observations)
+
     def __post_init__(self) -> None:
         if self.segment_len % self.chunk_len:
             raise ValueError(f"segment_len {self.segment_len} is not a multiple of the BPTT chunk length "
@@ -218,8 +225,6 @@ class SegmentBuffer:
         self.arrays["bootstrap_value"][:] = bootstrap_value.cpu().numpy()
         return self.arrays
 
-    def batch(self, bootstrap_value: torch.Tensor) -> Batch:
-        return Batch({name: torch.from_numpy(a.copy()) for name, a in self.finish(bootstrap_value).items()})
 
 
 def validate(batch: Batch, schema: SegmentSchema, max_version: int) -> None:

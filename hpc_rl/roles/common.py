@@ -7,12 +7,50 @@ import logging
 import math
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_rl.config import TrainConfig
+from hpc_rl.data.batch import SegmentSchema
+from hpc_rl.envs.api import EnvSpec
+from hpc_rl.model.policy import Policy
 from hpc_rl.roles.control import ControlLink
+from hpc_rl.roles.protocol import parameter_bytes, reply_layout, request_layout
 from hpc_rl.storage.layout import RunLayout
+from hpc_rl.topology import Role, Topology
+from hpc_rl.transport import ExperienceRing, ParameterChannel, RingConfig, StepExchange, Transport
 from hpc_rl.transport.config import PollConfig
 from hpc_rl.transport.wait import TransportTimeout, Waiter
+
+
+@dataclass
+class Channels:
+    """A rank's ends of a run's channels."""
+
+    rings: list[ExperienceRing]  # every learner's experience ring, in learner order
+    params: ParameterChannel  # learner 0 publishes
+    steps: StepExchange  # every env rank with the inference rank serving it
+
+    def close(self) -> list:
+        """Collectively, in the same order on every rank (rings first). Returns the segments this rank's ring took
+        while closing: they arrived after the stop and are not trained on."""
+        extra = [segment for ring in self.rings for segment in ring.close()]
+        self.params.close()
+        self.steps.close()
+        return extra
+
+
+def open_channels(transport: Transport, config: TrainConfig, spec: EnvSpec, topology: Topology) -> Channels:
+    """Every channel of a run; creation is collective, so every rank calls this with the same arguments."""
+    learners, env_ranks = topology.ranks(Role.LEARNER), topology.ranks(Role.ENV)
+    ring = RingConfig(slots=config.pipeline.ring_slots, slot_bytes=SegmentSchema.of_run(config, spec).layout.nbytes,
+                      full_policy=config.pipeline.full_policy)
+    rings = [transport.experience_ring(owner=r, ring=ring) for r in learners]
+    params = transport.parameter_channel(publisher=learners[0], max_bytes=parameter_bytes(Policy(spec, config.model)))
+    n, fp16 = config.env.num_envs, config.transport.fp16_observations
+    clients = {e: topology.inference_for_env(i) for i, e in enumerate(env_ranks)}
+    steps = transport.step_exchange(clients, request_layout(spec, n, fp16).nbytes, reply_layout(spec, n).nbytes)
+    return Channels(rings, params, steps)
 
 
 def seed_for(seed: int, rank: int, version: int) -> int:

@@ -93,8 +93,7 @@ class InferenceWorker:
         self.info_fields = tuple(f"info/{info.name}" for info in self.spec.step_infos)
         self.replies = reply_layout(self.spec, n)
         self.reply_buffer = np.empty(self.replies.nbytes, np.uint8)
-        self.schema = SegmentSchema(self.spec, self.per_env, config.pipeline.segment_len, config.model.chunk_len,
-                                    config.model.lstm_size, fp16)
+        self.schema = SegmentSchema.of_run(config, self.spec)
         self.segment_buffer = np.empty(self.schema.layout.nbytes, np.uint8)
         self.buffers = {e: self.schema.buffer() for e in env_ranks}
         self.state = {e: self.policy.initial_state(self.per_env, self.device) for e in env_ranks}

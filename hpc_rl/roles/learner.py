@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from hpc_rl import metric_names as M
 from hpc_rl.algo.learner import Learner
 from hpc_rl.config import PipelineConfig, TrainConfig
@@ -123,9 +124,7 @@ class LearnerWorker:
             self.load(resume[1])
         # Learners start from learner 0's parameters (constant buffers such as the action-gating masks agree already).
         self.allreduce.broadcast_([t for t in self.policy.state_dict().values() if t.is_floating_point()])
-        self.schema = SegmentSchema(self.spec, config.env.num_envs * self.spec.num_agents,
-                                    config.pipeline.segment_len, config.model.chunk_len, config.model.lstm_size,
-                                    config.transport.fp16_observations)
+        self.schema = SegmentSchema.of_run(config, self.spec)
         self.store = SegmentStore(config.pipeline)
         self.produced = 0.0  # samples received by this learner
         self.consumed = 0.0  # samples used by gradient steps (every PPO epoch counts)

@@ -20,19 +20,16 @@ from pathlib import Path
 from mpi4py import MPI
 
 from hpc_rl.config import TrainConfig
-from hpc_rl.data.batch import SegmentSchema
 from hpc_rl.launch import set_torch_threads
-from hpc_rl.model.policy import Policy
 from hpc_rl.roles.allreduce import make_allreduce
-from hpc_rl.roles.common import Backoff, StopFlag, setup_logging
+from hpc_rl.roles.common import Backoff, StopFlag, open_channels, setup_logging
 from hpc_rl.roles.control import ControlLink, MpiControl
 from hpc_rl.roles.controller import Controller, open_run_dir
 from hpc_rl.roles.env_worker import EnvWorker
-from hpc_rl.roles.protocol import (CONTROLLER, TAG_ACCOUNTING, TAG_RESUME, parameter_bytes, reply_layout,
-                                   request_layout)
+from hpc_rl.roles.protocol import CONTROLLER, TAG_ACCOUNTING, TAG_RESUME
 from hpc_rl.storage import write_meta
 from hpc_rl.topology import Role, Topology
-from hpc_rl.transport import RingConfig, Transport
+from hpc_rl.transport import Transport
 
 
 def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[str, ...] = ()) -> int | None:
@@ -80,18 +77,7 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
 
     transport = Transport(comm, config.transport)
     spec = config.env.make(num_envs=1).spec
-    n = config.env.num_envs
-    fp16 = config.transport.fp16_observations
-    env_ranks = topology.ranks(Role.ENV)
-    clients = {e: topology.inference_for_env(i) for i, e in enumerate(env_ranks)}
-    segment_bytes = SegmentSchema(spec, n * spec.num_agents, config.pipeline.segment_len, config.model.chunk_len,
-                                  config.model.lstm_size, fp16).layout.nbytes
-    ring_config = RingConfig(slots=config.pipeline.ring_slots, slot_bytes=segment_bytes,
-                             full_policy=config.pipeline.full_policy)
-    rings = [transport.experience_ring(owner=r, ring=ring_config) for r in learner_ranks]
-    params = transport.parameter_channel(publisher=learner_ranks[0],
-                                         max_bytes=parameter_bytes(Policy(spec, config.model)))
-    steps = transport.step_exchange(clients, request_layout(spec, n, fp16).nbytes, reply_layout(spec, n).nbytes)
+    channels = open_channels(transport, config, spec, topology)
     learner_comm = comm.Split(color=1 if placement.role is Role.LEARNER else MPI.UNDEFINED, key=rank)
     endpoint = MpiControl(control)
     link = ControlLink(endpoint, config.pipeline.heartbeat_s)
@@ -106,18 +92,18 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
         controller = Controller(config, topology, endpoint, run_dir, resume_version, stop_flag)
         result = controller.run()
     elif placement.role is Role.ENV:
-        EnvWorker(config, rank, placement.index, steps, link, max(resume_version, 0)).run()
+        EnvWorker(config, rank, placement.index, channels.steps, link, max(resume_version, 0)).run()
     elif placement.role is Role.INFERENCE:
         from hpc_rl.roles.inference import InferenceWorker
 
-        inference = InferenceWorker(config, spec, topology.envs_for_inference(placement.index), steps, rings, params,
-                                    link)
+        inference = InferenceWorker(config, spec, topology.envs_for_inference(placement.index), channels.steps,
+                                    channels.rings, channels.params, link)
         inference.run()
     elif placement.role is Role.LEARNER:
         from hpc_rl.roles.learner import LearnerWorker
 
         learner = LearnerWorker(config, spec, make_allreduce(config.pipeline.allreduce, learner_comm),
-                                rings[placement.index], params, link,
+                                channels.rings[placement.index], channels.params, link,
                                 (resume_version, learner_state) if learner_state is not None else None)
         learner.run()
         learner.final_checkpoint()
@@ -157,12 +143,9 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
         controller.service()
         controller.finish()
 
-    for ring in rings:
-        extra = ring.close()
-        if extra and learner is not None:
-            log.info("%d segments arrived after the stop and were not trained on", len(extra))
-    params.close()
-    steps.close()
+    extra = channels.close()
+    if extra and learner is not None:
+        log.info("%d segments arrived after the stop and were not trained on", len(extra))
     if learner is not None:
         learner.allreduce.shutdown()
     if learner_comm != MPI.COMM_NULL:
