@@ -71,6 +71,8 @@ def test_a_rank_that_raises_aborts_the_job_without_mpi4py_main(tmp_path):
     (tmp_path / "broken" / "config.yaml").mkdir(parents=True)  # the controller cannot write its config there
     cmd = mpirun_command(6, [str(ROOT / "tests/mpi_programs/controller_raises.py"), str(tmp_path)])
     cmd.remove("-m"), cmd.remove("mpi4py")
+    # A hang (no abort) fails by the timeout; mpirun's own abort banner is not asserted: Open MPI sometimes loses
+    # it ("Data unpack would read past end of buffer" in show_help) when several ranks are torn down at once.
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=rank_env(), timeout=240)
-    assert out.returncode != 0
-    assert "IsADirectoryError" in out.stderr and "MPI_ABORT" in out.stdout + out.stderr
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "IsADirectoryError" in out.stderr, out.stderr
