@@ -46,6 +46,22 @@ def wait_for_jobs(job_ids: list[str], timeout: float, poll: float = 0.5) -> dict
         poll = min(poll * 1.5, 5.0)
 
 
+class RequeueError(RuntimeError):
+    """``scontrol requeue`` did not requeue the job (refused, killed, timed out or not installed)."""
+
+
+def requeue(job_id: str, timeout: float = 60) -> None:
+    """Put a running batch job back in the queue (``scontrol requeue``); raises RequeueError saying why not."""
+    try:
+        out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RequeueError(f"scontrol requeue {job_id} did not run to the end: {e}") from e
+    if out.returncode != 0:
+        why = out.stderr.strip() or (f"killed by signal {-out.returncode}" if out.returncode < 0
+                                     else f"exit status {out.returncode}, no message")
+        raise RequeueError(f"scontrol requeue {job_id} failed: {why}")
+
+
 def slurm_job_id() -> str | None:
     """This job's id as scontrol takes it: ``<array job>_<task>`` for an array task, else the job id."""
     if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:

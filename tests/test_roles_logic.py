@@ -3,6 +3,8 @@ reuse throttle and the lockstep control vector, the non-finite skip, past versio
 opponent pool's quality updates. The 6-rank MPI tests (test_pipeline*.py) prove the same roles under mpirun."""
 
 import json
+import os
+import signal
 import threading
 
 import numpy as np
@@ -16,6 +18,7 @@ from hpc_rl.data.batch import Batch
 from hpc_rl.envs.moba import MobaConfig
 from hpc_rl.league.pool import LATEST
 from hpc_rl.model.config import ModelConfig
+from hpc_rl.roles.common import StopFlag
 from hpc_rl.roles.control import RunAborted
 from hpc_rl.roles.learner import CONTROL, Held, SegmentStore, may_update
 from hpc_rl.roles.protocol import TAG_POOL_RESULT
@@ -197,3 +200,19 @@ def test_nonfinite_updates_are_skipped_then_the_run_halts_with_its_status(tmp_pa
     assert status["state"] == "halted_nonfinite" and status["committed"] == 1
     skipped = read_metrics(tmp_path / "roles" / "metrics.h5")["train/nonfinite_skipped"]
     assert skipped["version"].tolist() == [1, 2, 3] and skipped["value"].tolist() == [0, 2, 2]
+
+
+@pytest.mark.parametrize("signals, come_back", [(["SIGUSR2"], True), (["SIGTERM"], False),
+                                                (["SIGUSR2", "SIGTERM"], False), (["SIGTERM", "SIGUSR2"], False)])
+def test_only_usr2_without_term_asks_for_a_requeue(signals, come_back):
+    """USR2 is "preempted, come back"; TERM (a scancel) is "stop", and it overrides a USR2 received before it."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
+    try:
+        flag = StopFlag()
+        assert not flag.raised and flag.signum is None
+        for name in signals:
+            os.kill(os.getpid(), getattr(signal, name))
+        assert flag.raised and flag.signum == getattr(signal, signals[0]) and flag.come_back is come_back
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,4 +1,5 @@
-"""slurm/train.sbatch and slurm/sweep.sbatch on the local cluster, and preemption: USR2 -> checkpoint -> requeue."""
+"""slurm/train.sbatch and slurm/sweep.sbatch on the local cluster; preemption (USR2 -> checkpoint -> requeue) and
+cancellation (TERM -> checkpoint -> no requeue)."""
 
 import json
 import subprocess
@@ -81,6 +82,59 @@ def test_preempted_sweep_member_requeues_resumes_and_finishes(slurm_cluster, tmp
     finally:
         subprocess.run(["scancel", job], timeout=30)
         subprocess.run(["rm", "-rf", str(runs)], timeout=30)
+
+
+def _job_fields(job: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
+
+
+def _start_long_run(tmp_path: Path, *sbatch_args: str) -> tuple[str, Path]:
+    """A train.sbatch job that would run for long, once it has published version 4."""
+    job = _sbatch([f"--output={tmp_path}/%j.out", *sbatch_args, "slurm/train.sbatch", "run_name=long",
+                   f"runs_dir={tmp_path}", *QUICK, "pipeline.max_versions=100000"])
+    run_dir, deadline = tmp_path / "long", time.monotonic() + 300
+    while _version(run_dir) < 4:
+        assert time.monotonic() < deadline, f"the job never reached version 4: {job_states(job)}"
+        time.sleep(1)
+    return job, run_dir
+
+
+def test_scancel_stops_the_run_and_the_job_stays_cancelled(slurm_cluster, tmp_path):
+    """A plain scancel means stop (TERM), not "preempted, come back" (USR2): no requeue."""
+    job, run_dir = _start_long_run(tmp_path)
+    try:
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        assert wait_for_jobs([job], timeout=120) == {job: "CANCELLED"}
+        deadline = time.monotonic() + 90  # nothing may bring it back
+        while time.monotonic() < deadline:
+            fields = _job_fields(job)
+            assert (fields["JobState"], fields["Restarts"]) == ("CANCELLED", "0"), fields
+            time.sleep(5)
+        out = (tmp_path / f"{job}.out").read_text()
+        assert "signal 15: stopping at version" in out and "requeued" not in out, out
+        # KillWait (10 s on the local cluster) left the controller time to commit the stop version
+        status = json.loads((run_dir / "status.json").read_text())
+        assert status["state"] == "cancelled" and open_run(run_dir).checkpoint_versions[-1] == status["version"]
+    finally:
+        subprocess.run(["scancel", job], timeout=30)
+
+
+def test_a_refused_requeue_ends_the_job_with_the_reason_not_an_abort(slurm_cluster, tmp_path):
+    """USR2 asks for a requeue; Slurm refuses it for a job submitted with --no-requeue."""
+    job, run_dir = _start_long_run(tmp_path, "--no-requeue")
+    try:
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True, timeout=30)
+        assert wait_for_jobs([job], timeout=120) == {job: "FAILED"}
+        out = (tmp_path / f"{job}.out").read_text()
+        assert f"scontrol requeue {job} failed" in out and "resumes from it when the same job is submitted" in out
+        assert "MPI_ABORT" not in out, out
+        status = json.loads((run_dir / "status.json").read_text())
+        assert status["state"] == "requeue_failed" and open_run(run_dir).checkpoint_versions[-1] == status["version"]
+        assert _job_fields(job)["Restarts"] == "0"
+    finally:
+        subprocess.run(["scancel", job], timeout=30)
 
 
 def _multirun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:

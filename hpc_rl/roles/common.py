@@ -107,18 +107,35 @@ def setup_logging(run_dir: Path, rank: int, role: str) -> logging.Logger:
 class StopFlag:
     """Signal handlers only set this flag (a handler cannot run while the rank is inside an MPI call).
 
+    The two signals mean different stops:
+    - SIGUSR2, "preempted, come back": Slurm's warning before the time limit (``--signal=B:USR2@N`` in the sbatch
+      scripts) or ``scancel --batch --signal=USR2``. Stop at the next version, commit it, requeue the job.
+    - SIGTERM, "stop": a plain ``scancel``, or Slurm's notice that it preempts the job (under
+      ``PreemptMode=REQUEUE`` Slurm requeues the job itself; under ``CANCEL`` it ends). Stop at the next version
+      and commit it if Slurm's KillWait leaves time, but never requeue. A TERM overrides an earlier USR2: a user
+      who cancels a job that was about to requeue itself means the cancel.
     Installed after submitit's own handlers (submitit ignores SIGTERM and exits from its USR2 handler on rank 0
     only): the controller polls the flag and turns it into "stop at version V".
     """
 
     def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR2)):
-        self.signum: int | None = None
+        self.received: list[int] = []
         for s in signals:
             signal.signal(s, self._handle)
 
     def _handle(self, signum, _frame) -> None:
-        self.signum = signum
+        self.received.append(signum)
 
     @property
     def raised(self) -> bool:
-        return self.signum is not None
+        return bool(self.received)
+
+    @property
+    def signum(self) -> int | None:
+        """The first signal received (what started the stop), or None."""
+        return self.received[0] if self.received else None
+
+    @property
+    def come_back(self) -> bool:
+        """The stop asks for a requeue: USR2 was received and TERM was not."""
+        return signal.SIGUSR2 in self.received and signal.SIGTERM not in self.received

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import time
 from collections import deque
 from pathlib import Path
@@ -30,7 +29,7 @@ from hpc_rl.roles.common import Backoff, StopFlag
 from hpc_rl.roles.control import ControlEndpoint
 from hpc_rl.roles.protocol import (TAG_ACCOUNTING, TAG_CHECKPOINT, TAG_DONE, TAG_EVALUATION, TAG_HALT, TAG_HEARTBEAT,
                                    TAG_METRICS, TAG_POOL, TAG_POOL_RESULT, TAG_STOP)
-from hpc_rl.slurm import slurm_job_id
+from hpc_rl.slurm import RequeueError, requeue, slurm_job_id
 from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_latest, prune_checkpoints, read_pool,
                             write_pool)
@@ -81,7 +80,8 @@ class Controller:
         self.stop_sent = False
         self.stopped_envs = False
         self.last_metrics: dict[str, float] = {}  # the latest version's, as written to metrics.h5
-        self.stop_reason = "finished"  # or "preempted" (a signal) or "time_limit" (pipeline.max_seconds)
+        # or "preempted" (USR2: requeue), "cancelled" (TERM) or "time_limit" (pipeline.max_seconds)
+        self.stop_reason = "finished"
         self.learners_done: int | None = None
         self.accounting: dict[int, dict] = {}
         self.history: deque[np.ndarray] = deque(maxlen=11)
@@ -261,7 +261,7 @@ class Controller:
         reason = None
         if self.stop_flag is not None and self.stop_flag.raised:
             reason = f"signal {self.stop_flag.signum}"
-            self.stop_reason = "preempted"
+            self.stop_reason = "preempted" if self.stop_flag.come_back else "cancelled"
         elif self.config.pipeline.max_seconds and time.monotonic() - self.started > self.config.pipeline.max_seconds:
             reason = f"time limit of {self.config.pipeline.max_seconds:.0f} s"
             self.stop_reason = "time_limit"
@@ -330,21 +330,34 @@ class Controller:
         summary = {"produced": produced, "consumed": consumed, "left": left,
                    "version": self.learners_done, "seconds": time.monotonic() - self.started}
         self.layout.accounting.write_text(json.dumps(summary))
-        status = {"state": self.stop_reason, "version": self.learners_done, "time": time.time()}
-        self.layout.status.write_text(json.dumps(status) + "\n")
+        self._write_status(self.stop_reason)
         log.info("segments produced %d, consumed %d, left unconsumed %d", len(produced), len(consumed), len(left))
 
+    def _write_status(self, state: str) -> None:
+        status = {"state": state, "version": self.learners_done, "time": time.time()}
+        self.layout.status.write_text(json.dumps(status) + "\n")
+
     def requeue(self) -> None:
-        """After a signal (Slurm's preemption or time-limit warning): put this job back in the queue, where it will
+        """After USR2 (Slurm's preemption or time-limit warning): put this job back in the queue, where it will
         resume from the checkpoint just committed. Called once every rank has finished with MPI, since a requeue
-        ends the running job."""
+        ends the running job. A TERM received since (a ``scancel``) cancels the requeue. Raises RequeueError,
+        after writing it into ``status.json``, when Slurm refuses."""
         if self.stop_reason != "preempted" or not self.config.pipeline.requeue:
             return
         job = slurm_job_id()
         if job is None:
             log.info("stopped by a signal outside Slurm: not requeued")
             return
-        out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
-        if out.returncode != 0:
-            raise RuntimeError(f"scontrol requeue {job} failed: {out.stderr.strip()}")
+        if not self.stop_flag.come_back:
+            print(f"SIGTERM after the preemption signal: Slurm job {job} is not requeued", flush=True)
+            return
+        try:
+            requeue(job)
+        except RequeueError as e:
+            if not self.stop_flag.come_back:  # scancel kills every process of the job, scontrol included
+                print(f"SIGTERM while requeueing: Slurm job {job} is not requeued", flush=True)
+                return
+            self._write_status("requeue_failed")
+            raise RequeueError(f"{e}; the run stopped at version {self.learners_done} and resumes from it when "
+                               f"the same job is submitted again") from e
         print(f"requeued Slurm job {job}; it resumes from version {self.learners_done}", flush=True)

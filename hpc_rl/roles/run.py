@@ -11,6 +11,7 @@ closed in the same order everywhere.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -27,6 +28,7 @@ from hpc_rl.roles.control import ControlLink, MpiControl
 from hpc_rl.roles.controller import Controller, open_run_dir
 from hpc_rl.roles.env_worker import EnvWorker
 from hpc_rl.roles.protocol import CONTROLLER, TAG_ACCOUNTING, TAG_RESUME
+from hpc_rl.slurm import RequeueError
 from hpc_rl.storage import write_meta
 from hpc_rl.topology import Role, Topology
 from hpc_rl.transport import Transport
@@ -44,6 +46,15 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
     """
     try:
         return _run(config, comm, overrides)
+    except RequeueError as e:
+        # Every rank has finished with MPI: there is nothing to abort. Say why the job will not come back and end
+        # non-zero so that Slurm records a failure; a SystemExit would make ``python -m mpi4py`` call MPI_Abort
+        # at exit, whose banner would bury the reason.
+        logging.getLogger("hpc_rl.controller").error("%s", e)
+        print(f"hpc_rl: {e}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        MPI.Finalize()
+        os._exit(1)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()

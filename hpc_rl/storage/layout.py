@@ -65,7 +65,7 @@ class RunLayout:
 
     @property
     def status(self) -> Path:
-        """How the controller ended: finished, preempted, time_limit or halted_nonfinite."""
+        """How the controller ended: finished, preempted, cancelled, requeue_failed, time_limit or halted_nonfinite."""
         return self.root / "status.json"
 
     @property
