@@ -1,8 +1,10 @@
 """The roles' decisions in one process, in seconds: the learner's segment store (staleness queue, bound, reuse), the
-reuse throttle and the lockstep control vector, the non-finite skip, past versions' steps at weight 0 and the
-opponent pool's quality updates. The 6-rank MPI tests (test_pipeline*.py) prove the same roles under mpirun."""
+reuse throttle and the lockstep control vector, the non-finite skip, past versions' steps at weight 0, the
+opponent pool's quality updates, a commit on a full filesystem. The 6-rank MPI tests (test_pipeline*.py) prove
+the same roles under mpirun."""
 
 import json
+import re
 import threading
 
 import numpy as np
@@ -197,3 +199,17 @@ def test_nonfinite_updates_are_skipped_then_the_run_halts_with_its_status(tmp_pa
     assert status["state"] == "halted_nonfinite" and status["committed"] == 1
     skipped = read_metrics(tmp_path / "roles" / "metrics.h5")["train/nonfinite_skipped"]
     assert skipped["version"].tolist() == [1, 2, 3] and skipped["value"].tolist() == [0, 2, 2]
+
+
+def test_a_checkpoint_the_filesystem_cannot_hold_ends_the_run_in_one_line(tmp_path, tiny_tmpfs):
+    """The controller's commit of version 2 meets a full filesystem: the run ends naming the file, the cause and the
+    bytes needed, and leaves no temporary file."""
+    checkpoints = tiny_tmpfs(tmp_path / "roles" / "checkpoints", "4k")
+    runner = SerialRunner(moba_config(tmp_path))
+    with pytest.raises(RunAborted) as aborted:
+        runner.run()
+    message = str(aborted.value)
+    assert re.fullmatch(rf"cannot write {re.escape(str(checkpoints))}/v000002\.h5: No space left on device "
+                        rf"\(errno 28\); it needs \d+ bytes \(\d+\.\d MiB\) free on {re.escape(str(checkpoints))}; "
+                        r"latest still names no checkpoint\. Aborting the job\.", message), message
+    assert list(checkpoints.iterdir()) == []
