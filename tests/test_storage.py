@@ -19,7 +19,7 @@ import pytest
 from hpc_rl.storage import (CheckpointError, MetricsWriter, commit_checkpoint, load_checkpoint, load_latest,
                             open_run, prune_checkpoints, read_metrics, write_meta)
 from hpc_rl.storage.checkpoint import (COMMIT_STAGES, HEADER_BYTES, CheckpointWriteError, checkpoint_name,
-                                       committed_versions, digest_header)
+                                       committed_versions, digest_header, verify_digest)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,6 +125,19 @@ def test_fuzzed_checkpoints_are_refused_and_never_crash_the_reader(tmp_path):
     counts = json.loads(proc.stdout.splitlines()[-1])
     assert counts["silent"] == 0 and counts["other"] == 0, proc.stdout[-3000:]
     assert counts["refused"] + counts["unchanged"] == trials and counts["refused"] > 0.9 * trials, counts
+
+
+def test_the_digest_header_must_be_exactly_as_written():
+    payload = bytes(range(256)) * 4
+    good = digest_header(payload) + payload
+    assert verify_digest(good) is None
+    assert "truncated or extended" in verify_digest(good[:-1]) and "truncated or extended" in verify_digest(good + b"0")
+    assert "truncated: 100 bytes" in verify_digest(good[:100])
+    header = good[:HEADER_BYTES]
+    assert verify_digest(header.replace(b"size 1024", b"size 01024")[:HEADER_BYTES] + payload) == (
+        "damaged digest header (not as written)")
+    assert verify_digest(header.replace(b"checkpoint 2", b"checkpoint 3") + payload).startswith("format 3")
+    assert verify_digest(header[:-1] + b"x" + payload).startswith("damaged digest header")  # the NUL padding too
 
 
 def test_a_checkpoint_without_digest_is_refused_naming_why(tmp_path):

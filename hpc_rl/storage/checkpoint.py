@@ -2,8 +2,10 @@
 
 One file per committed policy version, ``checkpoints/v000123.h5``::
 
-    bytes 0-511           the digest header (HDF5's user block, which the library skips):
-                              hpc_rl checkpoint 2\nsize <n>\nblake2b-256 <hex>\n, then NUL bytes
+    bytes 0-511           the digest header (HDF5's user block, which the library skips), three lines and NULs:
+                              hpc_rl checkpoint 2
+                              size <n>
+                              blake2b-256 <64 hex digits>
     bytes 512-            the HDF5 file: n bytes, their BLAKE2b-256 digest in the header
       /<section>/...      one group per section (params, optimizer, normalizer, rng, ...), see ``tree.py``
       attrs: format, version, config_hash, content_hash
@@ -90,10 +92,13 @@ def _digest(payload: bytes | memoryview) -> str:
     return hashlib.blake2b(payload, digest_size=32).hexdigest()
 
 
+def _header(size: int, digest: str) -> bytes:
+    return f"hpc_rl checkpoint {FORMAT}\nsize {size}\nblake2b-256 {digest}\n".encode().ljust(HEADER_BYTES, b"\0")
+
+
 def digest_header(payload: bytes | memoryview) -> bytes:
     """The user block of a checkpoint whose HDF5 bytes (after the user block) are ``payload``."""
-    text = f"hpc_rl checkpoint {FORMAT}\nsize {len(payload)}\nblake2b-256 {_digest(payload)}\n".encode()
-    return text.ljust(HEADER_BYTES, b"\0")
+    return _header(len(payload), _digest(payload))
 
 
 def verify_digest(data: bytes) -> str | None:
@@ -113,7 +118,7 @@ def verify_digest(data: bytes) -> str | None:
     stored, actual = header[3].decode(), _digest(payload)
     if actual != stored:
         return f"digest mismatch: the bytes changed since the commit (stored {stored[:12]}, computed {actual[:12]})"
-    if digest_header(payload) != data[:HEADER_BYTES]:  # e.g. a leading zero added to the size
+    if _header(len(payload), stored) != data[:HEADER_BYTES]:  # e.g. a leading zero added to the size
         return "damaged digest header (not as written)"
     return None
 
