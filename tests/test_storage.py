@@ -156,6 +156,8 @@ def test_what_hdf5_cannot_parse_is_a_checkpoint_error(tmp_path):
     path.write_bytes(digest_header(payload) + payload)
     with pytest.raises(CheckpointError, match="v000001.h5: unreadable"):
         load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="v000002.h5: unreadable .*No such file"):  # pruned since listed
+        load_checkpoint(tmp_path / "v000002.h5")
 
 
 def test_no_verifiable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):

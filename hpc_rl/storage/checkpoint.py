@@ -303,7 +303,7 @@ def load_latest(directory: str | Path, config_hash: str | None = None) -> Checkp
     for path in candidates:
         try:
             ckpt = load_checkpoint(path, config_hash)
-        except (CheckpointError, FileNotFoundError) as err:
+        except CheckpointError as err:  # a missing file too (pruned since the listing)
             refused.append(str(err))
             log.warning("checkpoint refused: %s", err)
             continue
