@@ -149,7 +149,7 @@ def _replace_durably(tmp: Path, final: Path) -> None:
     _fsync_path(final.parent)
 
 
-def hdf5_image(fill: Callable[[h5py.File], None], userblock: int = 0) -> bytes:
+def hdf5_image(fill: Callable[[h5py.File], None], userblock: int = 0) -> memoryview:
     """The bytes of an HDF5 file that ``fill`` writes, built in memory (its first ``userblock`` bytes are zero).
 
     Files are written whole from such an image rather than by HDF5 itself: after a failed write (ENOSPC), closing
@@ -158,7 +158,7 @@ def hdf5_image(fill: Callable[[h5py.File], None], userblock: int = 0) -> bytes:
     kwargs = {"userblock_size": userblock} if userblock else {}
     with h5py.File(buffer, "w", **kwargs) as f:
         fill(f)
-    return buffer.getvalue()
+    return buffer.getbuffer()  # no copy
 
 
 def write_new_file(tmp: Path, parts: Sequence[bytes | memoryview], on_written: Callable[[], None] = lambda: None
@@ -212,7 +212,7 @@ def commit_checkpoint(directory: str | Path, version: int, sections: dict[str, A
         f.attrs["content_hash"] = _content_hash(f)
 
     image = hdf5_image(fill, userblock=HEADER_BYTES)
-    payload = memoryview(image)[HEADER_BYTES:]
+    payload = image[HEADER_BYTES:]
     tmp = directory / f".{final.name}.{os.getpid()}.tmp"
     try:
         write_new_file(tmp, (digest_header(payload), payload), lambda: stage("tmp_written"))
