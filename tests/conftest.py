@@ -1,4 +1,4 @@
-"""Shared fixtures: launching real MPI jobs under a timeout, and the local Slurm cluster."""
+"""Shared fixtures: launching real MPI jobs under a timeout, the local Slurm cluster, a small tmpfs."""
 
 from __future__ import annotations
 
@@ -37,6 +37,26 @@ def run_mpi(num_ranks: int, argv: list[str], timeout: float, env: dict | None = 
 def mpi():
     """``mpi(num_ranks, argv, timeout)`` runs a real mpirun job (see ``run_mpi``)."""
     return run_mpi
+
+
+@pytest.fixture
+def tiny_tmpfs():
+    """``tiny_tmpfs(directory, size)`` mounts a tmpfs of ``size`` (e.g. "1m") at ``directory``: a real filesystem
+    that fills up (ENOSPC). Unmounted after the test; where mounting is not allowed (not root) the test is skipped."""
+    mounted: list[Path] = []
+
+    def mount(directory: str | Path, size: str) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                                               capture_output=True).returncode != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        mounted.append(directory)
+        return directory
+
+    yield mount
+    for directory in reversed(mounted):
+        subprocess.run(["umount", str(directory)], check=True)
 
 
 @pytest.fixture(scope="session")

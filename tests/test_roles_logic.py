@@ -1,6 +1,7 @@
 """The roles' decisions in one process, in seconds: the learner's segment store (staleness queue, bound, reuse), the
-reuse throttle and the lockstep control vector, the non-finite skip, past versions' steps at weight 0 and the
-opponent pool's quality updates. The 6-rank MPI tests (test_pipeline*.py) prove the same roles under mpirun."""
+reuse throttle and the lockstep control vector, the non-finite skip, past versions' steps at weight 0, the
+opponent pool's quality updates, a commit on a full filesystem. The 6-rank MPI tests (test_pipeline*.py) prove
+the same roles under mpirun."""
 
 import json
 import os
@@ -185,6 +186,20 @@ def test_past_versions_play_their_side_at_weight_zero_and_the_pool_learns_from_r
     assert pool.qualities[0] == pytest.approx(before[0] - eta / (n * probabilities[0]))
     assert pool.qualities[1] == before[1]
     assert resumed.controller.past_games == 2 and resumed.controller.past_score == 1.5
+
+
+def test_a_checkpoint_the_filesystem_cannot_hold_ends_the_run_in_one_line(tmp_path, tiny_tmpfs):
+    """The controller's commit of version 2 meets a full filesystem: the run ends naming the file, the cause and the
+    bytes needed, and leaves no temporary file."""
+    checkpoints = tiny_tmpfs(tmp_path / "roles" / "checkpoints", "4k")
+    runner = SerialRunner(moba_config(tmp_path))
+    with pytest.raises(RunAborted) as aborted:
+        runner.run()
+    message = str(aborted.value)
+    cause = f"cannot write {checkpoints}/v000002.h5: No space left on device (errno 28); it needs "
+    assert "\n" not in message and message.startswith(cause) and " bytes (" in message, message
+    assert message.endswith(f" free on {checkpoints}; latest still names no checkpoint. Aborting the job."), message
+    assert list(checkpoints.iterdir()) == []
 
 
 def test_nonfinite_updates_are_skipped_then_the_run_halts_with_its_status(tmp_path):

@@ -1,6 +1,12 @@
-"""HDF5 checkpoints (atomic commit, verification, fallback, retention) and metrics.h5."""
+"""HDF5 checkpoints (atomic commit, digest verification, fuzzed damage, fallback, a full filesystem, retention) and
+metrics.h5."""
 
+import json
 import logging
+import os
+import re
+import resource
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +18,8 @@ import pytest
 
 from hpc_rl.storage import (CheckpointError, MetricsWriter, commit_checkpoint, load_checkpoint, load_latest,
                             open_run, prune_checkpoints, read_metrics, write_meta)
-from hpc_rl.storage.checkpoint import COMMIT_STAGES, checkpoint_name, committed_versions
+from hpc_rl.storage.checkpoint import (COMMIT_STAGES, HEADER_BYTES, CheckpointWriteError, checkpoint_name,
+                                       committed_versions, digest_header, verify_digest)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,23 +78,86 @@ def _flip_byte_in_dataset(path: Path, name: str) -> None:
         fh.write(bytes([byte[0] ^ 0x10]))
 
 
-@pytest.mark.parametrize("damage", ["bitflip", "truncate", "empty"])
-def test_damaged_latest_is_refused_and_resume_falls_back(tmp_path, damage, caplog):
+def _zero_block(path: Path, offset: int, size: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(bytes(size))
+
+
+@pytest.mark.parametrize("damage, why", [("bitflip", "digest mismatch"), ("truncate", "truncated"),
+                                         ("empty", "truncated"), ("zeroed_block", "digest mismatch"),
+                                         ("zeroed_header", "damaged digest header")])
+def test_damaged_latest_is_refused_and_resume_falls_back(tmp_path, damage, why, caplog):
     commit_checkpoint(tmp_path, 1, _sections(1), "cfg")
     newest = commit_checkpoint(tmp_path, 2, _sections(2), "cfg")
     if damage == "bitflip":
         _flip_byte_in_dataset(newest, "params/lstm.weight")
     elif damage == "truncate":
         newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    else:
+    elif damage == "empty":
         newest.write_bytes(b"")
-    with pytest.raises(CheckpointError):
+    elif damage == "zeroed_block":  # HDF5's own metadata: such a block has crashed h5py when parsed
+        _zero_block(newest, HEADER_BYTES + 1024, 4096)
+    else:
+        _zero_block(newest, 0, 64)
+    with pytest.raises(CheckpointError, match=why):
         load_checkpoint(newest)
     with caplog.at_level(logging.WARNING):
         ckpt = load_latest(tmp_path, config_hash="cfg")
     assert ckpt.version == 1
     _assert_tree_equal(ckpt.sections, _sections(1))
-    assert "refused" in caplog.text and "v000002.h5" in caplog.text
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoint refused")]
+    assert len(refused) == 1 and "v000002.h5" in refused[0] and why in refused[0]
+    assert "resuming from v000001.h5 instead" in caplog.text
+
+
+def test_fuzzed_checkpoints_are_refused_and_never_crash_the_reader(tmp_path):
+    """Flips, truncations, zeroed or overwritten blocks of 16 B to 4 KiB, random files: in a subprocess, so that a
+    crash (HDF5 has segfaulted and hung on such files) fails this test instead of ending pytest."""
+    trials = 2000
+    try:
+        proc = subprocess.run([sys.executable, str(ROOT / "tests/programs/fuzz_checkpoint.py"), str(tmp_path),
+                               str(trials), "1"], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"the reader hung after:\n{(hung.stdout or b'').decode()[-500:]}")
+    tail = "\n".join(proc.stdout.splitlines()[-5:])
+    assert proc.returncode == 0, f"the reader died (exit {proc.returncode}) after:\n{tail}\n{proc.stderr[-2000:]}"
+    counts = json.loads(proc.stdout.splitlines()[-1])
+    assert counts["silent"] == 0 and counts["other"] == 0, proc.stdout[-3000:]
+    assert counts["refused"] + counts["unchanged"] == trials and counts["refused"] > 0.9 * trials, counts
+
+
+def test_the_digest_header_must_be_exactly_as_written():
+    payload = bytes(range(256)) * 4
+    good = digest_header(payload) + payload
+    assert verify_digest(good) is None
+    assert "truncated or extended" in verify_digest(good[:-1]) and "truncated or extended" in verify_digest(good + b"0")
+    assert "truncated: 100 bytes" in verify_digest(good[:100])
+    header = good[:HEADER_BYTES]
+    assert verify_digest(header.replace(b"size 1024", b"size 01024")[:HEADER_BYTES] + payload) == (
+        "damaged digest header (not as written)")
+    assert verify_digest(header.replace(b"checkpoint 2", b"checkpoint 3") + payload).startswith("format 3")
+    assert verify_digest(header[:-1] + b"x" + payload).startswith("damaged digest header")  # the NUL padding too
+
+
+def test_a_checkpoint_without_digest_is_refused_naming_why(tmp_path):
+    path = commit_checkpoint(tmp_path, 1, _sections(1), "cfg")
+    legacy = tmp_path / "legacy" / path.name
+    legacy.parent.mkdir()
+    legacy.write_bytes(path.read_bytes()[HEADER_BYTES:])  # starts with HDF5's signature, as format 1 files did
+    with pytest.raises(CheckpointError, match="no digest: written before checkpoints carried one"):
+        load_checkpoint(legacy)
+
+
+def test_what_hdf5_cannot_parse_is_a_checkpoint_error(tmp_path):
+    """Bytes whose digest matches but that are no HDF5 file (which no commit writes): h5py's error is wrapped."""
+    payload = b"not an HDF5 file" * 100
+    path = tmp_path / "v000001.h5"
+    path.write_bytes(digest_header(payload) + payload)
+    with pytest.raises(CheckpointError, match="v000001.h5: unreadable"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="v000002.h5: unreadable .*No such file"):  # pruned since listed
+        load_checkpoint(tmp_path / "v000002.h5")
 
 
 def test_no_verifiable_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
@@ -113,6 +183,42 @@ def test_sigkill_at_each_commit_stage_leaves_a_loadable_latest(tmp_path, stage):
     assert np.all(ckpt.sections["params"]["w"] == ckpt.version)
     if stage == "committed":
         assert ckpt.version == 2
+
+
+def _commit_with_file_size_limit(directory: Path, version: int, sections: dict, limit: int) -> Path:
+    """Commit with RLIMIT_FSIZE lowered (any user): writes past ``limit`` bytes fail with EFBIG, SIGXFSZ ignored."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        return commit_checkpoint(directory, version, sections, "cfg")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+@pytest.mark.parametrize("full", ["tmpfs", "file_size_limit"])
+def test_a_commit_that_cannot_write_leaves_no_temporary_file(tmp_path, full, tiny_tmpfs):
+    directory = tiny_tmpfs(tmp_path / "checkpoints", "1m") if full == "tmpfs" else tmp_path / "checkpoints"
+    big = {"params": {"w": np.ones((512, 512))}}  # 2 MiB of arrays: more than the tmpfs or the limit allows
+    commit_checkpoint(directory, 1, _sections(1), "cfg")
+    with pytest.raises(CheckpointWriteError) as failed:
+        if full == "tmpfs":
+            commit_checkpoint(directory, 2, big, "cfg")
+        else:
+            _commit_with_file_size_limit(directory, 2, big, limit=2**20)
+    message = str(failed.value)
+    assert "\n" not in message and f"cannot write {directory / 'v000002.h5'}:" in message, message
+    assert ("No space left on device" if full == "tmpfs" else "File too large") in message
+    needed = re.search(r"it needs (\d+) bytes \(2\.0 MiB\) free on ", message)
+    assert needed and 2 * 2**20 < int(needed[1]) < 2.1 * 2**20, message  # the arrays and HDF5's overhead
+    assert message.endswith("latest still names v000001.h5"), message
+    assert sorted(p.name for p in directory.iterdir()) == ["latest", "v000001.h5"]  # no temporary file
+    ckpt = load_latest(directory, config_hash="cfg")
+    assert ckpt.version == 1
+    _assert_tree_equal(ckpt.sections, _sections(1))
+    assert commit_checkpoint(directory, 3, _sections(3), "cfg").name == "v000003.h5"  # the next that fits commits
+    assert load_latest(directory, config_hash="cfg").version == 3
 
 
 def test_retention_keeps_last_k_and_every_mth(tmp_path):

@@ -33,7 +33,7 @@ from hpc_rl.slurm import RequeueError, requeue, slurm_job_id
 from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_latest, prune_checkpoints, read_pool,
                             write_pool)
-from hpc_rl.storage.checkpoint import checkpoint_name
+from hpc_rl.storage.checkpoint import CheckpointWriteError, checkpoint_name
 from hpc_rl.storage.layout import RunLayout, runs_index
 from hpc_rl.storage.tensorboard import open_export
 from hpc_rl.topology import Role, Topology
@@ -217,7 +217,10 @@ class Controller:
         if bad:
             log.error("refusing to commit version %d: non-finite parameters %s", version, bad[:5])
             return
-        path = commit_checkpoint(self.layout.checkpoints, version, sections, self.config.config_hash())
+        try:
+            path = commit_checkpoint(self.layout.checkpoints, version, sections, self.config.config_hash())
+        except CheckpointWriteError as err:  # a full filesystem: say so in one line, the previous version stays
+            self.control.abort(f"{err}. Aborting the job.")
         self.committed = version
         prune_checkpoints(self.layout.checkpoints, self.config.pipeline.keep_last, self.config.pipeline.keep_every)
         log.info("committed %s", path.name)

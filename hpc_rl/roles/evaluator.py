@@ -64,7 +64,7 @@ class Evaluator:
         or None when its checkpoint is gone (pruned) or does not verify."""
         try:
             ckpt = load_checkpoint(self.checkpoints / checkpoint_name(version), self.config.config_hash())
-        except (CheckpointError, FileNotFoundError) as err:
+        except CheckpointError as err:  # a pruned (missing) file is one too
             log.warning("version %d not rated: %s", version, err)
             self.refused.add(version)
             return None

@@ -8,6 +8,7 @@ metrics as TensorBoard event files when the optional ``tensorboard`` package is 
 from hpc_rl.storage.checkpoint import (
     Checkpoint,
     CheckpointError,
+    CheckpointWriteError,
     commit_checkpoint,
     load_checkpoint,
     load_latest,
@@ -18,6 +19,7 @@ from hpc_rl.storage.pool import read_pool, write_pool
 from hpc_rl.storage.run import Run, open_run, write_meta
 
 __all__ = [
-    "Checkpoint", "CheckpointError", "commit_checkpoint", "load_checkpoint", "load_latest", "prune_checkpoints",
+    "Checkpoint", "CheckpointError", "CheckpointWriteError", "commit_checkpoint", "load_checkpoint", "load_latest",
+    "prune_checkpoints",
     "MetricsWriter", "read_metrics", "read_pool", "write_pool", "Run", "open_run", "write_meta",
 ]

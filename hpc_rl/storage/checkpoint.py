@@ -2,22 +2,40 @@
 
 One file per committed policy version, ``checkpoints/v000123.h5``::
 
-    /<section>/...        one group per section (params, optimizer, normalizer, rng, ...), see ``tree.py``
-    attrs: format, version, config_hash, content_hash
+    bytes 0-511           the digest header (HDF5's user block, which the library skips), three lines and NULs:
+                              hpc_rl checkpoint 2
+                              size <n>
+                              blake2b-256 <64 hex digits>
+    bytes 512-            the HDF5 file: n bytes, their BLAKE2b-256 digest in the header
+      /<section>/...      one group per section (params, optimizer, normalizer, rng, ...), see ``tree.py``
+      attrs: format, version, config_hash, content_hash
 
-A commit writes a temporary file, flushes and fsyncs it, ``os.replace``s it to its name, fsyncs the directory, then
-replaces ``latest`` (a text file naming the checkpoint) the same way. A crash at any point leaves ``latest`` naming a
-complete checkpoint: the old one or the new one. Datasets carry Fletcher32 checksums; the content hash (SHA-256 over
-every dataset's name, dtype, shape and bytes, and the attributes) also covers what Fletcher32 does not.
+A load reads the whole file and checks the header and the digest before HDF5 parses a byte: HDF5 trusts its own
+metadata, and a damaged file can make it raise anything or crash the process (a zeroed block of a few KiB has
+segfaulted a reader). Only bytes that are exactly the committed ones reach h5py, and they are parsed from memory, so
+the file cannot change between the check and the parse. Any error still raised while parsing is a CheckpointError.
+The digest lives in the file itself rather than beside it or in ``latest``: a copied, moved or pruned checkpoint
+keeps its digest, no second file can go missing or disagree, and every version (not only the one ``latest``
+names) can be verified, as the evaluator, the opponent pool and the fallback need. A file without the header (it
+starts with HDF5's signature) predates digests (format 1) and is refused as such: its bytes cannot be checked.
+
+A commit builds the file in memory, writes it to a temporary file, flushes and fsyncs it, ``os.replace``s it to its
+name, fsyncs the directory, then replaces ``latest`` (a text file naming the checkpoint) the same way. A crash at
+any point leaves ``latest`` naming a complete checkpoint: the old one or the new one. A failed write (a full
+filesystem) removes its temporary file and raises CheckpointWriteError, one line naming the file, the cause and the
+bytes it needed; HDF5 never writes to the filesystem itself, since it can crash closing a file after ENOSPC.
+Datasets also carry Fletcher32 checksums, and the content hash (SHA-256 over every dataset's name, dtype, shape and
+bytes, and the attributes) names the content whatever its HDF5 layout.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +45,14 @@ import numpy as np
 
 from hpc_rl.storage.tree import read_tree, write_tree
 
-FORMAT = 1
+FORMAT = 2  # 2: the digest header in the user block; 1 had none
 LATEST = "latest"
+HEADER_BYTES = 512  # HDF5's smallest user block
 _NAME = re.compile(r"^v(\d{6,})\.h5$")
+_HEADER = re.compile(rb"hpc_rl checkpoint (\d+)\nsize (\d+)\nblake2b-256 ([0-9a-f]{64})\n\0*")
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+# What h5py raises on a file it cannot parse (OSError for I/O and checksum errors, the others for bad metadata).
+_PARSE_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError)
 log = logging.getLogger(__name__)
 
 # The stages of a commit, in order; ``on_stage`` is called as each is reached (tests kill the writer there).
@@ -38,7 +61,11 @@ COMMIT_STAGES = ("tmp_written", "tmp_synced", "replaced", "dir_synced", "latest_
 
 
 class CheckpointError(Exception):
-    """A checkpoint that cannot be trusted: unreadable, truncated, checksum or content-hash mismatch."""
+    """A checkpoint that cannot be trusted: unreadable, truncated, digest, checksum or content-hash mismatch."""
+
+
+class CheckpointWriteError(OSError):
+    """A commit that could not write its files (a full filesystem, a quota); its temporary file is removed."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +86,41 @@ def checkpoint_name(version: int) -> str:
 def checkpoint_version(path: str | Path) -> int | None:
     m = _NAME.match(Path(path).name)
     return int(m.group(1)) if m else None
+
+
+def _digest(payload: bytes | memoryview) -> str:
+    return hashlib.blake2b(payload, digest_size=32).hexdigest()
+
+
+def _header(size: int, digest: str) -> bytes:
+    return f"hpc_rl checkpoint {FORMAT}\nsize {size}\nblake2b-256 {digest}\n".encode().ljust(HEADER_BYTES, b"\0")
+
+
+def digest_header(payload: bytes | memoryview) -> bytes:
+    """The user block of a checkpoint whose HDF5 bytes (after the user block) are ``payload``."""
+    return _header(len(payload), _digest(payload))
+
+
+def verify_digest(data: bytes) -> str | None:
+    """Why the bytes of a checkpoint file are not the committed ones, or None when they are."""
+    if data.startswith(_HDF5_SIGNATURE):
+        return f"no digest: written before checkpoints carried one (format 1); this version reads format {FORMAT}"
+    if len(data) < HEADER_BYTES:
+        return f"truncated: {len(data)} bytes, shorter than the {HEADER_BYTES}-byte digest header"
+    header = _HEADER.fullmatch(data[:HEADER_BYTES])
+    if header is None:
+        return f"damaged digest header (the first {HEADER_BYTES} bytes are not a checkpoint's header)"
+    if int(header[1]) != FORMAT:
+        return f"format {int(header[1])}, this version reads format {FORMAT}"
+    payload = memoryview(data)[HEADER_BYTES:]
+    if int(header[2]) != len(payload):
+        return f"{len(payload)} bytes after the header, the digest covers {int(header[2])} (truncated or extended)"
+    stored, actual = header[3].decode(), _digest(payload)
+    if actual != stored:
+        return f"digest mismatch: the bytes changed since the commit (stored {stored[:12]}, computed {actual[:12]})"
+    if _header(len(payload), stored) != data[:HEADER_BYTES]:  # e.g. a leading zero added to the size
+        return "damaged digest header (not as written)"
+    return None
 
 
 def _content_hash(f: h5py.File) -> str:
@@ -87,36 +149,90 @@ def _replace_durably(tmp: Path, final: Path) -> None:
     _fsync_path(final.parent)
 
 
+def hdf5_image(fill: Callable[[h5py.File], None], userblock: int = 0) -> memoryview:
+    """The bytes of an HDF5 file that ``fill`` writes, built in memory (its first ``userblock`` bytes are zero).
+
+    Files are written whole from such an image rather than by HDF5 itself: after a failed write (ENOSPC), closing
+    the HDF5 file can crash the process."""
+    buffer = io.BytesIO()
+    kwargs = {"userblock_size": userblock} if userblock else {}
+    with h5py.File(buffer, "w", **kwargs) as f:
+        fill(f)
+    return buffer.getbuffer()  # no copy
+
+
+def write_new_file(tmp: Path, parts: Sequence[bytes | memoryview], on_written: Callable[[], None] = lambda: None
+                   ) -> None:
+    """Write ``parts`` to ``tmp``, flush, call ``on_written``, fsync; on any failure remove ``tmp`` and re-raise."""
+    try:
+        with open(tmp, "wb") as fh:
+            for part in parts:
+                fh.write(part)
+            fh.flush()
+            on_written()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _latest_name(directory: Path) -> str | None:
+    """The checkpoint file name ``latest`` holds, or None when it is missing or does not hold one."""
+    try:
+        name = (directory / LATEST).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if checkpoint_version(name) is not None else None
+
+
+def _write_failure(path: Path, err: OSError, size: int, latest: str | None) -> str:
+    """One line: which file could not be written, why, the space it needed, and what ``latest`` still names."""
+    cause = err.strerror or " ".join(str(err).split())
+    return (f"cannot write {path}: {cause} (errno {err.errno}); it needs {size} bytes "
+            f"({size / 2**20:.1f} MiB) free on {path.parent}; latest still names {latest or 'no checkpoint'}")
+
+
 def commit_checkpoint(directory: str | Path, version: int, sections: dict[str, Any], config_hash: str,
                       on_stage: Callable[[str], None] | None = None) -> Path:
-    """Write the checkpoint of ``version`` into ``directory`` and make ``latest`` name it, crash-safely."""
+    """Write the checkpoint of ``version`` into ``directory`` and make ``latest`` name it, crash-safely.
+
+    Raises CheckpointWriteError when a file cannot be written (no temporary file is left; ``latest`` is unchanged).
+    """
     stage = on_stage or (lambda _name: None)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / checkpoint_name(version)
-    tmp = directory / f".{final.name}.{os.getpid()}.tmp"
-    with h5py.File(tmp, "w") as f:
+
+    def fill(f: h5py.File) -> None:
         f.attrs["format"] = FORMAT
         f.attrs["version"] = int(version)
         f.attrs["config_hash"] = str(config_hash)
         for name, tree in sections.items():
             write_tree(f.create_group(name), tree)
         f.attrs["content_hash"] = _content_hash(f)
-        f.flush()
-    stage("tmp_written")
-    _fsync_path(tmp)
-    stage("tmp_synced")
-    os.replace(tmp, final)
+
+    image = hdf5_image(fill, userblock=HEADER_BYTES)
+    payload = image[HEADER_BYTES:]
+    tmp = directory / f".{final.name}.{os.getpid()}.tmp"
+    try:
+        write_new_file(tmp, (digest_header(payload), payload), lambda: stage("tmp_written"))
+        stage("tmp_synced")
+        os.replace(tmp, final)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointWriteError(_write_failure(final, err, len(image), _latest_name(directory))) from err
     stage("replaced")
     _fsync_path(directory)
     stage("dir_synced")
     latest_tmp = directory / f".{LATEST}.{os.getpid()}.tmp"
-    with open(latest_tmp, "w") as fh:
-        fh.write(final.name + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    stage("latest_tmp_written")
-    os.replace(latest_tmp, directory / LATEST)
+    previous = _latest_name(directory)
+    try:
+        write_new_file(latest_tmp, ((final.name + "\n").encode(),))
+        stage("latest_tmp_written")
+        os.replace(latest_tmp, directory / LATEST)
+    except OSError as err:
+        latest_tmp.unlink(missing_ok=True)
+        raise CheckpointWriteError(_write_failure(directory / LATEST, err, len(final.name) + 1, previous)) from err
     stage("latest_replaced")
     _fsync_path(directory)
     stage("committed")
@@ -124,10 +240,19 @@ def commit_checkpoint(directory: str | Path, version: int, sections: dict[str, A
 
 
 def load_checkpoint(path: str | Path, config_hash: str | None = None) -> Checkpoint:
-    """Load and verify one checkpoint; raise CheckpointError saying why it cannot be trusted."""
+    """Load and verify one checkpoint; raise CheckpointError saying why it cannot be trusted.
+
+    The file's bytes are checked against its digest before HDF5 parses them (see the module's docstring)."""
     path = Path(path)
     try:
-        with h5py.File(path, "r") as f:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"{path}: unreadable ({err})") from err
+    wrong = verify_digest(data)
+    if wrong is not None:
+        raise CheckpointError(f"{path}: {wrong}")
+    try:
+        with h5py.File(io.BytesIO(data), "r") as f:
             missing = [k for k in ("format", "version", "config_hash", "content_hash") if k not in f.attrs]
             if missing:
                 raise CheckpointError(f"{path}: not a complete checkpoint (attributes {missing} missing)")
@@ -141,8 +266,8 @@ def load_checkpoint(path: str | Path, config_hash: str | None = None) -> Checkpo
             version, stored_config = int(f.attrs["version"]), str(f.attrs["config_hash"])
     except CheckpointError:
         raise
-    except (OSError, KeyError, ValueError) as err:  # h5py raises OSError on truncation and checksum errors
-        raise CheckpointError(f"{path}: unreadable ({err})") from err
+    except _PARSE_ERRORS as err:
+        raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {err})") from err
     if config_hash is not None and stored_config != config_hash:
         raise CheckpointError(f"{path}: written by config {stored_config[:12]}, this run's config is {config_hash[:12]}")
     if checkpoint_version(path) not in (None, version):
@@ -166,16 +291,19 @@ def load_latest(directory: str | Path, config_hash: str | None = None) -> Checkp
     """
     directory = Path(directory)
     candidates: list[Path] = []
-    latest = directory / LATEST
-    if latest.is_file():
-        candidates.append(directory / latest.read_text().strip())
+    named = _latest_name(directory)
+    if named is not None:
+        candidates.append(directory / named)
+    elif (directory / LATEST).exists():
+        log.warning("checkpoint refused: %s names no checkpoint file; trying every checkpoint, newest first",
+                    directory / LATEST)
     candidates += [directory / checkpoint_name(v) for v in reversed(committed_versions(directory))
                    if directory / checkpoint_name(v) not in candidates]
     refused = []
     for path in candidates:
         try:
             ckpt = load_checkpoint(path, config_hash)
-        except (CheckpointError, FileNotFoundError) as err:
+        except CheckpointError as err:  # a missing file too (pruned since the listing)
             refused.append(str(err))
             log.warning("checkpoint refused: %s", err)
             continue
@@ -195,8 +323,8 @@ def prune_checkpoints(directory: str | Path, keep_last: int, keep_every: int) ->
     if keep_last < 1 or keep_every < 1:
         raise ValueError(f"keep_last and keep_every must be >= 1, got {keep_last}, {keep_every}")
     directory = Path(directory)
-    latest = directory / LATEST
-    pinned = checkpoint_version(latest.read_text().strip()) if latest.is_file() else None
+    named = _latest_name(directory)
+    pinned = None if named is None else checkpoint_version(named)
     versions = committed_versions(directory)
     keep = set(versions[-keep_last:]) | {v for v in versions if v % keep_every == 0} | {pinned}
     deleted = [v for v in versions if v not in keep]

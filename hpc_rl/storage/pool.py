@@ -15,25 +15,30 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpc_rl.storage.checkpoint import _fsync_path, _replace_durably, checkpoint_name
+from hpc_rl.storage.checkpoint import _replace_durably, checkpoint_name, hdf5_image, write_new_file
 
 
 def write_pool(path: str | Path, versions: list[int], qualities: list[float], **attrs) -> None:
-    """Write the pool crash-safely: a temporary file, flushed and fsynced, then ``os.replace``."""
+    """Write the pool crash-safely: a temporary file, flushed and fsynced, then ``os.replace``; a failed write
+    leaves no temporary file."""
     path = Path(path)
     if len(versions) != len(qualities):
         raise ValueError(f"{len(versions)} versions and {len(qualities)} qualities")
-    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    with h5py.File(tmp, "w") as f:
+
+    def fill(f: h5py.File) -> None:
         f.create_dataset("version", data=np.asarray(versions, np.int64), fletcher32=True)
         f.create_dataset("quality", data=np.asarray(qualities, np.float64), fletcher32=True)
         f.create_dataset("checkpoint", data=np.asarray([checkpoint_name(v) for v in versions], dtype=object),
                          dtype=h5py.string_dtype())
         for key, value in attrs.items():
             f.attrs[key] = value
-        f.flush()
-    _fsync_path(tmp)
-    _replace_durably(tmp, path)
+
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    write_new_file(tmp, (hdf5_image(fill),))
+    try:
+        _replace_durably(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # left only when the replace failed
 
 
 def read_pool(path: str | Path) -> tuple[list[int], list[float], dict] | None:
