@@ -19,7 +19,8 @@ import pytest
 from hpc_rl.storage import (CheckpointError, MetricsWriter, commit_checkpoint, load_checkpoint, load_latest,
                             open_run, prune_checkpoints, read_metrics, write_meta)
 from hpc_rl.storage.checkpoint import (COMMIT_STAGES, HEADER_BYTES, CheckpointWriteError, checkpoint_name,
-                                       committed_versions, digest_header, verify_digest)
+                                       _content_hash, committed_versions, digest_header, verify_digest)
+from hpc_rl.storage.tree import write_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,13 +141,24 @@ def test_the_digest_header_must_be_exactly_as_written():
     assert verify_digest(header[:-1] + b"x" + payload).startswith("damaged digest header")  # the NUL padding too
 
 
-def test_a_checkpoint_without_digest_is_refused_naming_why(tmp_path):
-    path = commit_checkpoint(tmp_path, 1, _sections(1), "cfg")
-    legacy = tmp_path / "legacy" / path.name
-    legacy.parent.mkdir()
-    legacy.write_bytes(path.read_bytes()[HEADER_BYTES:])  # starts with HDF5's signature, as format 1 files did
-    with pytest.raises(CheckpointError, match="no digest: written before checkpoints carried one"):
-        load_checkpoint(legacy)
+def test_a_checkpoint_written_before_digests_still_loads_and_the_log_says_it_is_unchecked(tmp_path, caplog):
+    """Format 1, as commits wrote it before digests: a bare HDF5 file (no user block), attribute format 1."""
+    legacy = tmp_path / "v000001.h5"
+    with h5py.File(legacy, "w") as f:
+        f.attrs["format"], f.attrs["version"], f.attrs["config_hash"] = 1, 1, "cfg"
+        for name, tree in _sections(1).items():
+            write_tree(f.create_group(name), tree)
+        f.attrs["content_hash"] = _content_hash(f)
+    assert verify_digest(legacy.read_bytes()).startswith("no digest: written before checkpoints carried one")
+    with caplog.at_level("WARNING"):
+        ckpt = load_checkpoint(legacy, "cfg")
+    assert ckpt.version == 1 and "parsed without checking its bytes" in caplog.text
+    _assert_tree_equal(ckpt.sections, _sections(1))
+    # format 2's HDF5 bytes without their digest header (format 2 inside, laid out as format 1) are refused
+    path = commit_checkpoint(tmp_path / "new", 1, _sections(1), "cfg")
+    path.write_bytes(path.read_bytes()[HEADER_BYTES:])
+    with pytest.raises(CheckpointError, match="format 2 in a file laid out as format 1"):
+        load_checkpoint(path)
 
 
 def test_what_hdf5_cannot_parse_is_a_checkpoint_error(tmp_path):

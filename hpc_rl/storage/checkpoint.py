@@ -17,7 +17,8 @@ the file cannot change between the check and the parse. Any error still raised w
 The digest lives in the file itself rather than beside it or in ``latest``: a copied, moved or pruned checkpoint
 keeps its digest, no second file can go missing or disagree, and every version (not only the one ``latest``
 names) can be verified, as the evaluator, the opponent pool and the fallback need. A file without the header (it
-starts with HDF5's signature) predates digests (format 1) and is refused as such: its bytes cannot be checked.
+starts with HDF5's signature) predates digests (format 1): it still loads, so that runs written before digests
+resume, but its bytes cannot be checked before HDF5 parses them, and the load says so in the log.
 
 A commit builds the file in memory, writes it to a temporary file, flushes and fsyncs it, ``os.replace``s it to its
 name, fsyncs the directory, then replaces ``latest`` (a text file naming the checkpoint) the same way. A crash at
@@ -46,6 +47,7 @@ import numpy as np
 from hpc_rl.storage.tree import read_tree, write_tree
 
 FORMAT = 2  # 2: the digest header in the user block; 1 had none
+LEGACY_FORMAT = 1  # still loaded, unverified
 LATEST = "latest"
 HEADER_BYTES = 512  # HDF5's smallest user block
 _NAME = re.compile(r"^v(\d{6,})\.h5$")
@@ -101,10 +103,15 @@ def digest_header(payload: bytes | memoryview) -> bytes:
     return _header(len(payload), _digest(payload))
 
 
+def is_legacy(data: bytes) -> bool:
+    """A format 1 checkpoint: a bare HDF5 file, no digest header."""
+    return data.startswith(_HDF5_SIGNATURE)
+
+
 def verify_digest(data: bytes) -> str | None:
-    """Why the bytes of a checkpoint file are not the committed ones, or None when they are."""
-    if data.startswith(_HDF5_SIGNATURE):
-        return f"no digest: written before checkpoints carried one (format 1); this version reads format {FORMAT}"
+    """Why the bytes of a checkpoint file (format 2) are not the committed ones, or None when they are."""
+    if is_legacy(data):
+        return f"no digest: written before checkpoints carried one (format {LEGACY_FORMAT})"
     if len(data) < HEADER_BYTES:
         return f"truncated: {len(data)} bytes, shorter than the {HEADER_BYTES}-byte digest header"
     header = _HEADER.fullmatch(data[:HEADER_BYTES])
@@ -242,22 +249,27 @@ def commit_checkpoint(directory: str | Path, version: int, sections: dict[str, A
 def load_checkpoint(path: str | Path, config_hash: str | None = None) -> Checkpoint:
     """Load and verify one checkpoint; raise CheckpointError saying why it cannot be trusted.
 
-    The file's bytes are checked against its digest before HDF5 parses them (see the module's docstring)."""
+    The file's bytes are checked against its digest before HDF5 parses them (see the module's docstring); a format 1
+    file, which has none, is parsed unchecked."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as err:
         raise CheckpointError(f"{path}: unreadable ({err})") from err
-    wrong = verify_digest(data)
-    if wrong is not None:
+    expected_format = LEGACY_FORMAT if is_legacy(data) else FORMAT
+    if expected_format == LEGACY_FORMAT:
+        log.warning("%s: written before checkpoints carried a digest (format %d): parsed without checking its bytes",
+                    path, LEGACY_FORMAT)
+    elif (wrong := verify_digest(data)) is not None:
         raise CheckpointError(f"{path}: {wrong}")
     try:
         with h5py.File(io.BytesIO(data), "r") as f:
             missing = [k for k in ("format", "version", "config_hash", "content_hash") if k not in f.attrs]
             if missing:
                 raise CheckpointError(f"{path}: not a complete checkpoint (attributes {missing} missing)")
-            if int(f.attrs["format"]) != FORMAT:
-                raise CheckpointError(f"{path}: format {f.attrs['format']}, this version reads format {FORMAT}")
+            if int(f.attrs["format"]) != expected_format:
+                raise CheckpointError(f"{path}: format {f.attrs['format']} in a file laid out as format "
+                                      f"{expected_format}")
             stored = str(f.attrs["content_hash"])
             actual = _content_hash(f)
             if actual != stored:
