@@ -49,15 +49,17 @@ def intact(segment) -> bool:
 
 def write(comm, ring, seconds: float) -> dict:
     rng = np.random.default_rng(comm.Get_rank())
-    rank, refused, timeouts, end = comm.Get_rank(), 0, 0, time.monotonic() + seconds
+    rank, tried, refused, timeouts, end = comm.Get_rank(), 0, 0, 0, time.monotonic() + seconds
     while time.monotonic() < end:
         roll = rng.random()
         if roll < 0.05:  # refused before it takes a slot or a seq: the next put still gets seq + 1
             seq = ring.seq
-            for bad in ([np.zeros(SLOT_BYTES + 1, np.uint8)], [payload(rank, seq + 1, 64)] * 2
-                        + [np.zeros(SLOT_BYTES + 64, np.uint8)]):
+            too_big = np.zeros(SLOT_BYTES + 64, np.uint8)
+            for call, bad in ((ring.put, too_big[:SLOT_BYTES + 1]),
+                              (ring.put_many, [payload(rank, seq + 1, 64)] * 2 + [too_big])):
+                tried += 1
                 try:
-                    ring.put(bad[0]) if len(bad) == 1 else ring.put_many(bad)
+                    call(bad)
                 except ValueError:
                     refused += 1
             assert ring.seq == seq, "a refused put took a sequence number"
@@ -78,7 +80,7 @@ def write(comm, ring, seconds: float) -> dict:
             put += ring.seq - before
     comm.Ibarrier().Wait()
     ring.close()
-    return {"produced": ring.seq, "drops": ring.drops, "refused": refused, "timeouts": timeouts}
+    return {"produced": ring.seq, "drops": ring.drops, "tried": tried, "refused": refused, "timeouts": timeouts}
 
 
 def own(comm, ring) -> dict:
@@ -132,6 +134,7 @@ def main() -> None:
         "dropped_and_taken": len(set(drops) & set(taken)), "dropped_total": owner["dropped_total"],
         "out_of_order": sum(b < a for s in by_writer.values() for a, b in zip(s, s[1:])),
         "bad": owner["bad"], "cycles": owner["cycles"],
+        "oversize_tried": [r["tried"] for r in writers.values()],
         "refused": [r["refused"] for r in writers.values()], "timeouts": [r["timeouts"] for r in writers.values()],
     }))
 
