@@ -333,7 +333,8 @@ typedef struct {
     unsigned char *held;              /* slots lent out by take() until free() */
     uint32_t *seen, *words;           /* states loaded by take(); FREE words stored by free(), READY words restored */
     uint64_t *due;                    /* per slot, the lowest ticket it has not yet handed out (take()) */
-    int *taken;                       /* slots take() takes, sorted by ticket */
+    int *candidates;                  /* READY slots take() may take (under drop_oldest: TAKEN now), by ticket */
+    int *taken;                       /* those it takes, in ticket order */
 } Owner;
 
 static void Owner_release_memory(Owner *o) {
@@ -347,6 +348,7 @@ static void Owner_dealloc(Owner *o) {
     PyMem_Free(o->seen);
     PyMem_Free(o->words);
     PyMem_Free(o->due);
+    PyMem_Free(o->candidates);
     PyMem_Free(o->taken);
     Py_TYPE(o)->tp_free((PyObject *)o);
 }
@@ -381,8 +383,9 @@ static int Owner_init(Owner *o, PyObject *args, PyObject *kwds) {
     o->seen = PyMem_Calloc(n, sizeof(uint32_t));
     o->words = PyMem_Calloc(n, sizeof(uint32_t));
     o->due = PyMem_Calloc(n, sizeof(uint64_t));
+    o->candidates = PyMem_Calloc(n, sizeof(int));
     o->taken = PyMem_Calloc(n, sizeof(int));
-    if (!o->held || !o->seen || !o->words || !o->due || !o->taken) {
+    if (!o->held || !o->seen || !o->words || !o->due || !o->candidates || !o->taken) {
         PyErr_NoMemory();
         return -1;
     }
@@ -435,13 +438,13 @@ static PyObject *Owner_take(Owner *o, PyObject *steals_arg) {
         /* insertion into ticket order: a poll looks at most N slots */
         uint64_t header_ticket = headers[slot * HEADER_WORDS + 4];
         int at = candidates++;
-        for (; at > 0 && headers[o->taken[at - 1] * HEADER_WORDS + 4] > header_ticket; at--)
-            o->taken[at] = o->taken[at - 1];
-        o->taken[at] = slot;
+        for (; at > 0 && headers[o->candidates[at - 1] * HEADER_WORDS + 4] > header_ticket; at--)
+            o->candidates[at] = o->candidates[at - 1];
+        o->candidates[at] = slot;
     }
     /* in ticket order, so that a writer's earlier segment is decided before its later one */
     for (int i = 0; i < candidates && failure.code == MPI_SUCCESS; i++) {
-        int slot = o->taken[i];
+        int slot = o->candidates[i];
         const uint64_t *h = headers + slot * HEADER_WORDS;
         uint64_t after = h[5];
         if (h[6] == KIND_VOID || after == NO_TICKET || o->due[after % n] > after) {
@@ -458,7 +461,10 @@ static PyObject *Owner_take(Owner *o, PyObject *steals_arg) {
     }
     if (restored) CHECK(&failure, MPI_Win_flush(o->rank, o->win), "MPI_Win_flush");
     Py_END_ALLOW_THREADS
-    /* the slots taken are lent out until free(), even if the call fails below (their words may be TAKEN already) */
+    /* The slots taken are lent out until free(); after a failed MPI call, every candidate (its word may be TAKEN
+     * already), as before the order check. */
+    if (failure.code != MPI_SUCCESS)
+        for (count = 0; count < candidates; count++) o->taken[count] = o->candidates[count];
     for (int i = 0; i < count; i++) o->held[o->taken[i]] = 1;
     if (failure.code != MPI_SUCCESS) return mpi_error(failure);
     PyObject *rows = PyList_New(count);
