@@ -105,8 +105,7 @@ def test_ring_batched_puts_keep_every_guarantee(channels, backend, policy):
         assert r["blocked_puts"] > 0, "the producers never found the ring full: the test did not stress it"
     else:
         assert r["drops_listed"] > 0, "the slow consumer should have forced drops"
-    if backend != "twosided":  # one ticket counter orders every put, batched or not
-        assert r["in_order"], "a writer's segments were consumed out of order"
+    assert r["in_order"], "a writer's segments were consumed out of order"
     _check_views(r, "view")
 
 

@@ -237,6 +237,12 @@ def test_misuse_raises_naming_what_is_wrong():
     steps[1].send_request(np.zeros(8, np.uint8))  # step 2 overwrites step 1 before inference read it
     with pytest.raises(TransportError, match="step request 2 from rank 1 after 0: a step was lost"):
         steps[0].poll_requests()
+    steps = [x.step_exchange({1: 0}, 8, 8) for x in t]
+    steps[1].send_request(np.zeros(8, np.uint8))
+    assert list(steps[0].poll_requests()) == [1]
+    steps[1].send_request(np.zeros(8, np.uint8))  # step 2 before step 1 was answered
+    with pytest.raises(TransportError, match="rank 1 sent step 2 before step 1 was answered"):
+        steps[0].poll_requests()
     params = [x.parameter_channel(0, 8) for x in t]
     with pytest.raises(ValueError, match="exceeds max_bytes=8"):
         params[0].publish(np.zeros(9, np.uint8))

@@ -1,6 +1,7 @@
 """What only MPI ranks can show, for both MPI backends: a SIGSTOPped peer, the start-up probe, a payload changed by a
-bare Put behind the protocol, a ring built differently on one rank (refused by the collective check), and the
-benchmark. The channels' guarantees, shared with the local backend, are in test_transport_channels.py."""
+bare Put behind the protocol, a ring built differently on one rank (refused by the collective check), the ring's
+races (per-writer order, a put that timed out, a stress test of everything at once), and the benchmark. The
+channels' guarantees, shared with the local backend, are in test_transport_channels.py."""
 
 import json
 
@@ -32,6 +33,53 @@ def test_stopped_peer_raises_timeout_naming_it(mpi, backend, channel):
         assert r["reply_after_resume"] == 1
     else:
         assert r["version_after_resume"] == 2
+
+
+@pytest.mark.parametrize("backend, seconds", [("rma", "12"), ("twosided", "3")])
+def test_ring_takes_each_writers_segments_in_the_order_it_put_them(mpi, backend, seconds):
+    # 3 writers put batches of 64 8-byte segments into 64 slots while the owner polls flat out. One Accumulate
+    # makes a batch's READY words visible a part at a time (its tail first, here), so an owner taking whatever it
+    # found READY took a writer's later segments before earlier ones: RMA in 19 of 20 runs of 12 s (0-131 times a
+    # run), two-sided (receive-buffer order) hundreds of times in every 5 s run.
+    r = _report(mpi(4, ["tests/mpi_programs/ring_order.py", backend, seconds, "64", "64"], timeout=90))
+    assert r["backend"] == backend
+    assert r["segments"] > 0 and r["exactly_once"] and r["payloads_match"]
+    assert r["out_of_order"] == 0, "a writer's segment was taken before one it put earlier"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ring_put_that_timed_out_leaves_the_ring_working(mpi, backend):
+    # RMA: the put that times out on a full ring holds a ticket; the writer's next put voids it once its slot
+    # comes free, so later tickets of that slot do not wait forever (before, the next put after the owner came back
+    # timed out waiting for slot 0, ticket 4).
+    r = _report(mpi(2, ["tests/mpi_programs/ring_abandoned.py", backend], timeout=90))
+    assert r["timeouts"] == 2, "the stalled owner did not make the writer's puts time out"
+    assert r["last_seq"] == r["stalled_seq"] + 6
+    assert r["taken_in_order_once"] and r["payloads_match"]
+
+
+@pytest.mark.parametrize("policy", ["block", "drop_oldest"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ring_under_stress_loses_duplicates_tears_and_reorders_nothing(mpi, backend, policy):
+    # 4 writers, 3 slots of 256 bytes, for 5 s: single puts and batches of up to 7 (more than the ring), sizes
+    # around the 64-byte boundaries up to slot_bytes, refused oversize puts, puts timing out after 0.25 s and
+    # retried; the owner flat out, slow, then stalled with its views held, in turn. Each payload carries writer,
+    # seq, length and a CRC-32 of its own, checked by the owner apart from the ring's checksum.
+    r = _report(mpi(5, ["tests/mpi_programs/ring_stress.py", backend, policy, "5"], timeout=120))
+    assert r["backend"] == backend
+    assert r["cycles"] >= 1, "the owner never went through a stall"
+    assert min(r["oversize_tried"]) > 0 and r["refused"] == r["oversize_tried"], "an oversize put was not refused"
+    assert r["bad"] == 0, "a payload differs from what its writer put (torn, or under another header)"
+    assert r["taken"] == r["distinct_taken"] and r["taken_not_produced"] == 0, "a segment was taken twice"
+    assert r["lost"] == 0, "a segment was neither taken nor dropped"
+    assert r["out_of_order"] == 0
+    assert r["dropped_and_taken"] == 0 and r["drops_not_produced"] == 0
+    assert r["distinct_drops"] == r["drops_listed"] == r["dropped_total"], "drops not counted exactly"
+    if policy == "block":
+        assert r["drops_listed"] == 0 and r["taken"] == r["produced"]
+        assert sum(r["timeouts"]) > 0, "the stalled owner never made a put time out"
+    else:
+        assert r["drops_listed"] > 0, "the stalled owner forced no drops"
 
 
 def test_probe_chooses_rma_on_this_host(mpi):
@@ -66,12 +114,14 @@ def test_probe_honours_forced_twosided(mpi):
     assert r["backend"] == "twosided" and r["probe"]["window_ok"] is None
 
 
-@pytest.mark.parametrize("channel", ["ring", "params"])
+@pytest.mark.parametrize("channel", ["ring", "params", "step"])
 def test_rma_reader_catches_a_payload_changed_behind_the_protocol(mpi, channel):
     # Proves the checksum check is live: without it the no-torn-read tests could pass without looking.
     r = _report(mpi(2, ["tests/mpi_programs/transport_corrupt.py", channel], timeout=60))
     assert r["raised"]
     assert "rank 1" in r["message"] and ("torn" in r["message"] or "checksum" in r["message"])
+    if channel == "step":  # and a reply whose seq answers no request is refused, not taken for the reply
+        assert r["reply_message"] is not None and "step reply 5 from rank 0 answers no request" in r["reply_message"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -29,7 +29,9 @@ machines, which MPI call guarantees what):
   only the writer holding ticket t, so claiming a slot is a read (``Get_accumulate``), and a batch of segments
   (``put_many``) costs one ticket call, one ``Flush`` of its payloads and one READY store per run of slots;
   ``Compare_and_swap`` serves ``drop_oldest`` (a writer stealing READY(t − N), the owner's take). The owner reads
-  READY slots in place (``take_view``/``release``) or copies them out (``poll``). The ring's MPI calls (a
+  READY slots in place (``take_view``/``release``) or copies them out (``poll``), taking a segment only once the
+  one its writer put before it (named in its header) was handed out, so each writer's order holds; tickets a put
+  gave up on are filled with void rows by the writer's next put. The ring's MPI calls (a
   writer's batch, an owner's take and free) are issued from C, by ``_ring.c``. Parameters: a double buffer under
   a seqlock.
 - Local: each channel's state is shared by its ranks under one lock; payloads are copied in, the ring lends

@@ -24,7 +24,10 @@
 #define TICKET_MASK ((UINT64_C(1) << TICKET_BITS) - 1)
 #define PHASE_READY 2
 #define HEADER_BYTES 64
-#define HEADER_WORDS (HEADER_BYTES / 8) /* a header row: nbytes, writer, seq, checksum, ticket, 3 unused */
+#define HEADER_WORDS (HEADER_BYTES / 8) /* a header row: nbytes, writer, seq, checksum, ticket, after, kind, 1 unused */
+#define NO_TICKET UINT64_MAX           /* `after` of a writer's first segment, and of void rows */
+#define KIND_SEGMENT 0
+#define KIND_VOID 1                    /* a ticket whose put gave up, filled with nothing (rma.py) */
 
 #define PHASE_TAKEN 3
 
@@ -44,6 +47,7 @@ typedef struct {
     Py_ssize_t slot_bytes;
     MPI_Aint ticket_at, states_at, headers_at, payloads_at, stride;
     uint64_t next_ticket;             /* the ticket after this writer's last batch: its guess for the next one */
+    uint64_t last_published;          /* the ticket of this writer's last segment made READY, or NO_TICKET */
     uint64_t ticket_add, ticket_old;
     uint64_t *headers;                /* slots header rows: a batch's, untouched until its first Flush */
     uint32_t *noop, *found, *words;   /* slots words each: NO_OP origin, states read, READY words */
@@ -131,6 +135,7 @@ static int Writer_init(Writer *w, PyObject *args, PyObject *kwds) {
         return -1;
     }
     for (size_t i = 0; i < n; i++) w->headers[i * HEADER_WORDS + 1] = rank; /* the writer column never changes */
+    w->last_published = NO_TICKET;
     return 0;
 }
 
@@ -168,13 +173,23 @@ static uint64_t take_tickets(Writer *w, int k, int *all_free, Failure *failure) 
     return first;
 }
 
-/* Payloads and header rows (R4: complete at the owner before any READY can be seen), then READY(t) per run. */
-static void publish(Writer *w, uint64_t first, int k, Failure *failure) {
+/* Payloads and header rows (R4: complete at the owner before any READY can be seen), then READY(t) per run.
+ * A segment's row names the writer's previous segment (`after`): the owner takes it only once that one is taken
+ * (Owner.take). Void rows (kind KIND_VOID) carry no payload and name none. */
+static void publish(Writer *w, uint64_t first, int k, uint64_t kind, Failure *failure) {
     Run runs[2];
     int nruns = runs_of(w, first, k, runs);
     for (int i = 0; i < k; i++) {
+        uint64_t *row = w->headers + i * HEADER_WORDS;
+        row[4] = first + (uint64_t)i;
+        row[6] = kind;
+        if (kind == KIND_VOID) {
+            row[0] = row[2] = row[3] = 0;
+            row[5] = NO_TICKET;
+            continue;
+        }
+        row[5] = i == 0 ? w->last_published : first + (uint64_t)i - 1;
         MPI_Aint at = w->payloads_at + (MPI_Aint)((first + (uint64_t)i) % (uint64_t)w->slots) * w->stride;
-        w->headers[i * HEADER_WORDS + 4] = first + (uint64_t)i;
         int bytes = (int)w->views[i].len;
         CHECK(failure, MPI_Put(w->views[i].buf, bytes, MPI_BYTE, w->owner, at, bytes, MPI_BYTE, w->win),
               "MPI_Put (payload)");
@@ -195,6 +210,7 @@ static void publish(Writer *w, uint64_t first, int k, Failure *failure) {
                              w->win),
               "MPI_Accumulate (READY)");
     CHECK(failure, MPI_Win_flush(w->owner, w->win), "MPI_Win_flush");
+    if (kind == KIND_SEGMENT) w->last_published = first + (uint64_t)k - 1;
 }
 
 static PyObject *Writer_put(Writer *w, PyObject *const *args, Py_ssize_t nargs) {
@@ -236,7 +252,7 @@ static PyObject *Writer_put(Writer *w, PyObject *const *args, Py_ssize_t nargs) 
     uint64_t first;
     Py_BEGIN_ALLOW_THREADS
     first = take_tickets(w, (int)k, &all_free, &failure);
-    if (failure.code == MPI_SUCCESS && all_free) publish(w, first, (int)k, &failure);
+    if (failure.code == MPI_SUCCESS && all_free) publish(w, first, (int)k, KIND_SEGMENT, &failure);
     Py_END_ALLOW_THREADS
     if (failure.code == MPI_SUCCESS && !all_free) {
         /* a slot still holds an earlier round's segment: rma.py waits for it (or steals it, drop_oldest) */
@@ -244,7 +260,7 @@ static PyObject *Writer_put(Writer *w, PyObject *const *args, Py_ssize_t nargs) 
         if (!done) goto release;
         Py_DECREF(done);
         Py_BEGIN_ALLOW_THREADS
-        publish(w, first, (int)k, &failure);
+        publish(w, first, (int)k, KIND_SEGMENT, &failure);
         Py_END_ALLOW_THREADS
     }
     for (Py_ssize_t i = 0; i < k; i++) PyBuffer_Release(&w->views[i]);
@@ -253,6 +269,22 @@ static PyObject *Writer_put(Writer *w, PyObject *const *args, Py_ssize_t nargs) 
 release:
     for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&w->views[i]);
     return NULL;
+}
+
+static PyObject *Writer_void(Writer *w, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) return PyErr_Format(PyExc_TypeError, "void(first_ticket, count) takes 2 arguments");
+    if (!open_or_raise(w->win)) return NULL;
+    unsigned long long first = PyLong_AsUnsignedLongLong(args[0]);
+    long count = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (count < 1 || count > w->slots)
+        return PyErr_Format(PyExc_ValueError, "transport ring: void fills 1 to %d tickets", w->slots);
+    Failure failure = {MPI_SUCCESS, NULL};
+    Py_BEGIN_ALLOW_THREADS
+    publish(w, (uint64_t)first, (int)count, KIND_VOID, &failure);
+    Py_END_ALLOW_THREADS
+    if (failure.code != MPI_SUCCESS) return mpi_error(failure);
+    Py_RETURN_NONE;
 }
 
 static PyObject *Writer_close(Writer *w, PyObject *unused) {
@@ -266,6 +298,10 @@ static PyMethodDef Writer_methods[] = {
      "put(payloads, seq, checksums, claim, timeout_s): hand a batch (a list of at most `slots` bytes-like objects) "
      "to the owner with seqs seq, seq + 1, ... and the given checksums (0 when None). When a slot is not yet FREE "
      "for its ticket, calls claim(first_ticket, count, timeout_s), which returns once every slot is this writer's."},
+    {"void", (PyCFunction)(void (*)(void))Writer_void, METH_FASTCALL,
+     "void(first_ticket, count): make the slots of tickets first_ticket .. first_ticket + count - 1, which must be "
+     "this writer's (FREE for their tickets, or stolen), READY with void rows: no payload, nothing for the owner to "
+     "hand out; what a put that gave up after taking its tickets leaves."},
     {"close", (PyCFunction)Writer_close, METH_NOARGS, "forget the window (it is being freed); later calls raise"},
     {NULL, NULL, 0, NULL},
 };
@@ -292,10 +328,13 @@ typedef struct {
     Py_buffer mem;                    /* the owner's window memory (held from init to close) */
     const volatile uint32_t *states;  /* its state words, written by RMA calls of other ranks */
     const uint64_t *headers;          /* its header table */
+    const volatile uint64_t *ticket;  /* its ticket counter, added to by writers */
     MPI_Aint states_at;
     unsigned char *held;              /* slots lent out by take() until free() */
-    uint32_t *seen, *words;           /* states loaded by take(); FREE words stored by free() */
-    int *taken;                       /* slots take() takes, sorted by ticket */
+    uint32_t *seen, *words;           /* states loaded by take(); FREE words stored by free(), READY words restored */
+    uint64_t *due;                    /* per slot, the lowest ticket it has not yet handed out (take()) */
+    int *candidates;                  /* READY slots take() may take (under drop_oldest: TAKEN now), by ticket */
+    int *taken;                       /* those it takes, in ticket order */
 } Owner;
 
 static void Owner_release_memory(Owner *o) {
@@ -308,58 +347,82 @@ static void Owner_dealloc(Owner *o) {
     PyMem_Free(o->held);
     PyMem_Free(o->seen);
     PyMem_Free(o->words);
+    PyMem_Free(o->due);
+    PyMem_Free(o->candidates);
     PyMem_Free(o->taken);
     Py_TYPE(o)->tp_free((PyObject *)o);
 }
 
 static int Owner_init(Owner *o, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"fortran_win", "rank", "memory", "slots", "states_at", "headers_at", NULL};
-    long long fwin, states_at, headers_at;
+    static char *names[] = {"fortran_win", "rank", "memory", "slots", "ticket_at", "states_at", "headers_at", NULL};
+    long long fwin, ticket_at, states_at, headers_at;
     PyObject *memory;
     if (o->held) {
         PyErr_SetString(PyExc_TypeError, "transport ring: an Owner is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LiOiLL", names, &fwin, &o->rank, &memory, &o->slots, &states_at,
-                                     &headers_at))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LiOiLLL", names, &fwin, &o->rank, &memory, &o->slots, &ticket_at,
+                                     &states_at, &headers_at))
         return -1;
     if (PyObject_GetBuffer(memory, &o->mem, PyBUF_SIMPLE) < 0) return -1;
-    if (o->slots < 1 || states_at < 0 || states_at % 4 || headers_at % 8 ||
+    if (o->slots < 1 || ticket_at < 0 || ticket_at % 8 || ticket_at + 8 > o->mem.len ||
+        states_at < 0 || states_at % 4 || headers_at % 8 ||
         states_at + 4 * (long long)o->slots > o->mem.len ||
         headers_at < 0 || headers_at + (long long)HEADER_BYTES * o->slots > o->mem.len) {
-        PyErr_SetString(PyExc_ValueError, "transport ring: the state words and header table must lie in the window");
+        PyErr_SetString(PyExc_ValueError, "transport ring: the ticket counter, state words and header table must lie "
+                                          "in the window");
         return -1;
     }
     o->win = MPI_Win_f2c((MPI_Fint)fwin);
     o->states_at = (MPI_Aint)states_at;
     o->states = (const volatile uint32_t *)((char *)o->mem.buf + states_at);
     o->headers = (const uint64_t *)((char *)o->mem.buf + headers_at);
+    o->ticket = (const volatile uint64_t *)((char *)o->mem.buf + ticket_at);
     size_t n = (size_t)o->slots;
     o->held = PyMem_Calloc(n, 1);
     o->seen = PyMem_Calloc(n, sizeof(uint32_t));
     o->words = PyMem_Calloc(n, sizeof(uint32_t));
+    o->due = PyMem_Calloc(n, sizeof(uint64_t));
+    o->candidates = PyMem_Calloc(n, sizeof(int));
     o->taken = PyMem_Calloc(n, sizeof(int));
-    if (!o->held || !o->seen || !o->words || !o->taken) {
+    if (!o->held || !o->seen || !o->words || !o->due || !o->candidates || !o->taken) {
         PyErr_NoMemory();
         return -1;
     }
     return 0;
 }
 
+/* The full ticket of a state's low 30 bits: the latest ticket below `bound` with those bits. Every ticket in a
+ * state word is below the ticket counter plus N (a slot is freed for t + N only once t was handed out). */
+static inline uint64_t full_ticket(uint32_t state, uint64_t bound) {
+    return bound - ((bound - (state >> 2)) & TICKET_MASK);
+}
+
+/* Per-writer order. A batch's READY words land one by one, and the owner loads N state words one by one, so one
+ * load can find a writer's later segment READY and an earlier one not yet. Each header row names the writer's
+ * previous segment (`after`); a segment is taken only once that one has been handed out (taken now or before, or
+ * stolen under drop_oldest), i.e. once `after`'s slot is due a later ticket. Only READY segments are named, so
+ * what holds a segment back is READY already and is taken at the next poll at the latest: the owner never waits
+ * on a ticket whose writer gave up (void rows, rma.py). */
 static PyObject *Owner_take(Owner *o, PyObject *steals_arg) {
     if (!open_or_raise(o->win)) return NULL;
     int steals = PyObject_IsTrue(steals_arg);
     if (steals < 0) return NULL;
     Failure failure = {MPI_SUCCESS, NULL};
-    int count = 0;
+    int candidates = 0, count = 0, restored = 0;
     long lost = 0;
     const uint64_t *headers = o->headers;
+    uint64_t n = (uint64_t)o->slots;
     Py_BEGIN_ALLOW_THREADS
     CHECK(&failure, MPI_Win_sync(o->win), "MPI_Win_sync");
     for (int slot = 0; slot < o->slots; slot++) o->seen[slot] = o->states[slot];
+    uint64_t bound = *o->ticket + n; /* loaded after the states: no state word carries a ticket past it */
     CHECK(&failure, MPI_Win_sync(o->win), "MPI_Win_sync"); /* header and payload loads after the state loads */
     for (int slot = 0; slot < o->slots && failure.code == MPI_SUCCESS; slot++) {
         uint32_t state = o->seen[slot];
+        uint64_t ticket = full_ticket(state, bound);
+        /* lent out: its ticket is handed out; FREE(t), WRITING(t): t is not; READY(t): decided below */
+        o->due[slot] = o->held[slot] ? ticket + n : ticket;
         if ((state & 3) != PHASE_READY || o->held[slot]) continue;
         if (steals) { /* READY(t) -> TAKEN(t) shuts out writers, or a writer stole the slot first (it counted) */
             uint32_t origin = state | PHASE_TAKEN, compare = state, result = 0;
@@ -368,17 +431,40 @@ static PyObject *Owner_take(Owner *o, PyObject *steals_arg) {
             CHECK(&failure, MPI_Win_flush(o->rank, o->win), "MPI_Win_flush");
             if (result != state) {
                 lost++;
+                o->due[slot] = ticket + n;
                 continue;
             }
         }
-        /* insertion into ticket order: a poll takes at most N slots */
-        uint64_t ticket = headers[slot * HEADER_WORDS + 4];
-        int at = count++;
-        for (; at > 0 && headers[o->taken[at - 1] * HEADER_WORDS + 4] > ticket; at--) o->taken[at] = o->taken[at - 1];
-        o->taken[at] = slot;
+        /* insertion into ticket order: a poll looks at most N slots */
+        uint64_t header_ticket = headers[slot * HEADER_WORDS + 4];
+        int at = candidates++;
+        for (; at > 0 && headers[o->candidates[at - 1] * HEADER_WORDS + 4] > header_ticket; at--)
+            o->candidates[at] = o->candidates[at - 1];
+        o->candidates[at] = slot;
     }
+    /* in ticket order, so that a writer's earlier segment is decided before its later one */
+    for (int i = 0; i < candidates && failure.code == MPI_SUCCESS; i++) {
+        int slot = o->candidates[i];
+        const uint64_t *h = headers + slot * HEADER_WORDS;
+        uint64_t after = h[5];
+        if (h[6] == KIND_VOID || after == NO_TICKET || o->due[after % n] > after) {
+            o->due[slot] = h[4] + n;
+            o->taken[count++] = slot;
+        } else if (steals) { /* not taken after all: READY again, for the owner's next poll or a writer's steal */
+            o->words[slot] = o->seen[slot];
+            CHECK(&failure,
+                  MPI_Accumulate(o->words + slot, 1, MPI_UINT32_T, o->rank, o->states_at + (MPI_Aint)slot * 4, 1,
+                                 MPI_UINT32_T, MPI_REPLACE, o->win),
+                  "MPI_Accumulate (READY)");
+            restored++;
+        }
+    }
+    if (restored) CHECK(&failure, MPI_Win_flush(o->rank, o->win), "MPI_Win_flush");
     Py_END_ALLOW_THREADS
-    /* the slots taken are lent out until free(), even if the call fails below (their words may be TAKEN already) */
+    /* The slots taken are lent out until free(); after a failed MPI call, every candidate (its word may be TAKEN
+     * already), as before the order check. */
+    if (failure.code != MPI_SUCCESS)
+        for (count = 0; count < candidates; count++) o->taken[count] = o->candidates[count];
     for (int i = 0; i < count; i++) o->held[o->taken[i]] = 1;
     if (failure.code != MPI_SUCCESS) return mpi_error(failure);
     PyObject *rows = PyList_New(count);
@@ -386,9 +472,9 @@ static PyObject *Owner_take(Owner *o, PyObject *steals_arg) {
     for (int i = 0; i < count; i++) {
         int slot = o->taken[i];
         const uint64_t *h = headers + slot * HEADER_WORDS;
-        PyObject *row = Py_BuildValue("(KKKKKiI)", (unsigned long long)h[0], (unsigned long long)h[1],
+        PyObject *row = Py_BuildValue("(KKKKKiIK)", (unsigned long long)h[0], (unsigned long long)h[1],
                                       (unsigned long long)h[2], (unsigned long long)h[3], (unsigned long long)h[4],
-                                      slot, (unsigned int)o->seen[slot]);
+                                      slot, (unsigned int)o->seen[slot], (unsigned long long)h[6]);
         if (!row) {
             Py_DECREF(rows);
             return NULL;
@@ -407,7 +493,7 @@ static PyObject *Owner_free(Owner *o, PyObject *slots_arg) {
     for (Py_ssize_t i = 0; i < k; i++) {
         long slot = PyLong_AsLong(PyList_GET_ITEM(slots_arg, i));
         if (slot == -1 && PyErr_Occurred()) return NULL;
-        if (slot < 0 || slot >= o->slots || !o->held[slot])
+        if (slot < 0 || slot >= o->slots || o->held[slot] != 1)
             return PyErr_Format(PyExc_ValueError, "transport ring: slot %ld is not lent out", slot);
     }
     for (Py_ssize_t i = 0; i < k; i++) o->held[PyLong_AsLong(PyList_GET_ITEM(slots_arg, i))] = 2; /* freeing */
@@ -445,9 +531,9 @@ static PyObject *Owner_close(Owner *o, PyObject *unused) {
 
 static PyMethodDef Owner_methods[] = {
     {"take", (PyCFunction)Owner_take, METH_O,
-     "take(steals) -> (rows, lost): the READY slots not lent out, now lent out, as header rows (nbytes, writer, "
-     "seq, checksum, ticket, slot, state) in ticket order; steals: CAS each to TAKEN first, lost counts the CASes a "
-     "writer's steal beat."},
+     "take(steals) -> (rows, lost): the READY slots not lent out whose writer's previous segment is handed out, now "
+     "lent out, as header rows (nbytes, writer, seq, checksum, ticket, slot, state, kind) in ticket order; steals: "
+     "CAS each to TAKEN first (back to READY if held back), lost counts the CASes a writer's steal beat."},
     {"free", (PyCFunction)Owner_free, METH_O,
      "free(slots): give back slots lent out by take(): FREE(t + N) into their state words."},
     {"close", (PyCFunction)Owner_close, METH_NOARGS, "forget the window (it is being freed); later calls raise"},
@@ -506,7 +592,8 @@ PyMODINIT_FUNC PyInit__ring(void) {
         PyModule_AddObjectRef(m, "Owner", (PyObject *)&OwnerType) < 0 ||
         PyModule_AddIntConstant(m, "TICKET_BITS", TICKET_BITS) < 0 ||
         PyModule_AddIntConstant(m, "PHASE_READY", PHASE_READY) < 0 ||
-        PyModule_AddIntConstant(m, "HEADER_BYTES", HEADER_BYTES) < 0) {
+        PyModule_AddIntConstant(m, "HEADER_BYTES", HEADER_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_VOID", KIND_VOID) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -235,7 +235,8 @@ class ExperienceRing(ABC):
         """owner: every segment ready now and not yet taken, checked, as read-only views into the ring's memory.
 
         A view stays valid, and its slot stays out of the writers' reach, until ``release()`` (or ``close()``):
-        copy what you keep before releasing. Segments come in the order the writers claimed their slots.
+        copy what you keep before releasing. Each writer's segments come in the order it put them, across calls
+        too (a segment whose writer's previous one has not arrived yet waits for a later call).
         """
 
     @abstractmethod

@@ -232,8 +232,8 @@ class RmaStepExchange(StepExchange):
 
 class RmaExperienceRing(ExperienceRing):
     """Owner's window: words [ticket counter, dropped counter], 32-bit state words of slots 0..N-1, the header table
-    (one 64-byte row per slot: words [nbytes, writer, seq, checksum, ticket]), then N payloads (slot_bytes each,
-    64-aligned).
+    (one 64-byte row per slot: words [nbytes, writer, seq, checksum, ticket, after, kind]), then N payloads
+    (slot_bytes each, 64-aligned).
 
     The headers sit in one table rather than in front of each payload so that a batch of k segments writes all its
     headers with one Put per run of consecutive slots.
@@ -255,13 +255,17 @@ class RmaExperienceRing(ExperienceRing):
         self._writer = None if self.is_owner else _ring.Writer(
             self.window.win.py2f(), owner, self.rank, n, ring.slot_bytes, self.TICKET, self._states,
             self._header_table, self._payload_area, self._payload_stride)
-        self._old_meta = np.zeros(5, WORD)
+        self._old_meta = np.zeros(7, WORD)
+        # writer: (first ticket, count, tickets whose slots are not yet ours) of a batch whose put gave up after
+        # taking its tickets; the next put (or close) fills them with void rows first, so no slot waits for it forever
+        self._abandoned: tuple[int, int, set[int]] | None = None
         self._found = np.zeros(n, STATE)  # the states a writer reads while claiming
         self._held: dict[int, Segment] = {}  # owner: slot -> the view lent by take_view(), until release()
         self._dropped_at_close: int | None = None  # the window is gone after close(); its last count stays
         if self.is_owner:  # its window's state words and header table, and every slot's read-only payload view
             mem = self.window.mem
-            self._reader = _ring.Owner(self.window.win.py2f(), self.rank, mem, n, self._states, self._header_table)
+            self._reader = _ring.Owner(self.window.win.py2f(), self.rank, mem, n, self.TICKET, self._states,
+                                       self._header_table)
             self._payloads = []
             for slot in range(n):
                 view = mem[self.payload_offset(slot):self.payload_offset(slot) + ring.slot_bytes]
@@ -315,9 +319,22 @@ class RmaExperienceRing(ExperienceRing):
         # full ring the slot ticket t maps to holds the ring's oldest segment (ticket t - N), or is free for t. The
         # MPI calls are issued from C (_ring.c, Writer.put): from Python they cost ~15 us per batch, more than a
         # 64 KiB Put. It calls back _claim when a slot is not yet FREE for its ticket.
+        self._fill_abandoned(timeout_s)
         sums = list(map(checksum, data)) if self.config.checksums else None
         self._writer.put(data, self.seq + 1, sums, self._claim, timeout_s)
         self.seq += len(data)
+
+    def _fill_abandoned(self, timeout_s: float | None) -> None:
+        """Publish void rows into the slots of the tickets a put gave up on, once they are this writer's: without
+        them those slots would stay FREE for tickets no one fills, and every later ticket of theirs would wait
+        forever. Waits for the slots (never steals: a void row is not worth a segment); raises TransportTimeout
+        past the deadline, keeping the tickets for the next try."""
+        if self._abandoned is None:
+            return
+        first, count, pending = self._abandoned
+        self._wait_for_slots(pending, False, timeout_s)
+        self._writer.void(first, count)
+        self._abandoned = None
 
     def _read_states(self, first: int, count: int, runs) -> np.ndarray:
         """Issue atomic reads of the state words of tickets first .. first + count - 1 (``runs``: their slots' runs);
@@ -329,11 +346,19 @@ class RmaExperienceRing(ExperienceRing):
 
     def _claim(self, first: int, count: int, timeout_s: float | None) -> None:
         """Wait until the slots of tickets first .. first + count - 1 are this writer's: FREE(t) (only ticket t may
-        fill it, so no CAS is needed), or under drop_oldest READY(t - N), stolen by CAS and counted."""
+        fill it, so no CAS is needed), or under drop_oldest READY(t - N), stolen by CAS and counted. If the wait
+        ends in an error the tickets are abandoned: the next put fills them with void rows first."""
+        pending = set(range(first, first + count))
+        self._abandoned = (first, count, pending)
+        self._wait_for_slots(pending, self.config.full_policy == "drop_oldest", timeout_s)
+        self._abandoned = None
+
+    def _wait_for_slots(self, pending: set[int], steal: bool, timeout_s: float | None) -> None:
+        """Discard from ``pending`` each ticket whose slot becomes this writer's, until none is left."""
         w, owner, n = self.window, self.owner, self.config.slots
-        low, high, waiter = first, first + count - 1, None
-        pending = set(range(low, high + 1))
-        while True:
+        waiter = None
+        while pending:
+            low, high = min(pending), max(pending)
             found = self._read_states(low, high - low + 1, self._runs(low, high - low + 1))
             w.flush(owner)
             for ticket, state in zip(range(low, high + 1), found.tolist()):
@@ -342,7 +367,7 @@ class RmaExperienceRing(ExperienceRing):
                 slot = ticket % n
                 if state == free_for(ticket):
                     pending.discard(ticket)
-                elif state == ready(ticket - n) and self.config.full_policy == "drop_oldest":
+                elif state == ready(ticket - n) and steal:
                     if w.cas_state(state, writing(ticket), owner, self.state_offset(slot)) == state:
                         self._count_drop(slot)
                         pending.discard(ticket)
@@ -356,10 +381,9 @@ class RmaExperienceRing(ExperienceRing):
                 # wait for the owner, or for the writers queued before us
             if not pending:
                 return
-            low, high = min(pending), max(pending)
             if waiter is None:
                 self.blocked_puts += 1
-                ticket = low
+                ticket = min(pending)
                 waiter = Waiter(self.transport.poll, timeout_s or self.transport.timeout_s, self.channel, owner,
                                 f"a free slot (slot {ticket % n}, ticket {ticket})")
             waiter.step()
@@ -369,6 +393,8 @@ class RmaExperienceRing(ExperienceRing):
         slot is ours now); record whose it was before overwriting it."""
         w, owner = self.window, self.owner
         w.get(self._old_meta, owner, self.header_offset(slot))
+        if int(self._old_meta[6]) == _ring.KIND_VOID:  # a ticket its writer gave up on: nothing was dropped
+            return
         self.drops.append((int(self._old_meta[1]), int(self._old_meta[2])))
         w.fetch_add(1, owner, self.DROPPED)
 
@@ -378,15 +404,20 @@ class RmaExperienceRing(ExperienceRing):
         # slot cannot change until the owner frees it: the owner takes it without touching its state word. Under
         # `drop_oldest` a writer may steal a READY slot: the owner's CAS READY(t) -> TAKEN(t) shuts writers out
         # (they wait on TAKEN as on WRITING) before it reads a byte, or fails because a writer stole it first.
-        # _ring.c's Owner.take loads the states, CASes and reads the header rows of what it takes, in ticket order.
+        # _ring.c's Owner.take loads the states, CASes and reads the header rows of what it takes, in ticket order,
+        # holding back a segment whose writer's previous one it has not handed out yet (per-writer order).
         rows, lost = self._reader.take(self.config.full_policy == "drop_oldest")
         self.lost_races += lost  # CASes a writer's steal beat; the writer counted the drop
+        void = [row[5] for row in rows if row[7] == _ring.KIND_VOID]
+        if void:  # tickets their writers gave up on: nothing to hand out, the slots go back at once
+            self._reader.free(void)
+            rows = [row for row in rows if row[7] != _ring.KIND_VOID]
         if not rows:
             return []
         slot_bytes, checksums = self.config.slot_bytes, self.config.checksums
         payloads, held = self._payloads, self._held
         found = []
-        for nbytes, writer, seq, expected_sum, ticket, slot, state in rows:
+        for nbytes, writer, seq, expected_sum, ticket, slot, state, _ in rows:
             # read-only: only writers write the ring; a full slot's view is the one made at start-up
             payload = payloads[slot] if nbytes == slot_bytes else payloads[slot][:nbytes]
             if ready(ticket) != state or nbytes > slot_bytes or (checksums and checksum(payload) != expected_sum):
@@ -431,6 +462,8 @@ class RmaExperienceRing(ExperienceRing):
         left = []
         if self._held:  # views still lent out die with the window; their slots go back first
             self.release(list(self._held.values()))
+        if not self.is_owner:  # the owner drains until every rank arrives: what other writers wait for comes free
+            self._fill_abandoned(None)
         barrier = self.comm.Ibarrier()
         waiter = Waiter(self.transport.poll, self.transport.timeout_s, self.channel, None, "every rank to close")
         while not barrier.Test():

@@ -168,6 +168,13 @@ class TwoSidedExperienceRing(ExperienceRing):
     segments queue in the writer's outbox of ``slots`` entries and the oldest queued one is dropped (counted)
     when it overflows. The drop count travels in the header's extra word, so the owner's total is exact once
     every writer has closed.
+
+    Each writer's segments are handed out in the order it put them. MPI matches one writer's messages in the order
+    they were sent, but to whichever receives are posted, and the owner re-posts its buffers in the order it
+    releases them: buffer order is not send order. So each message names the seq of its writer's previous message
+    sent (header word 5, 0 for none), and the owner holds a received one back, its buffer not re-posted, until it has
+    handed that one out. A writer sends its next message only once the previous one was matched, so what a message
+    waits for has arrived or is arriving: nothing waits on a message that was never sent.
     """
 
     def __init__(self, comm, config: TransportConfig, owner: int, ring: RingConfig):
@@ -179,6 +186,11 @@ class TwoSidedExperienceRing(ExperienceRing):
         self._outbox: deque[tuple[int, np.ndarray]] = deque()
         self._drops_by_writer: dict[int, int] = {}
         self._held: dict[int, Segment] = {}  # owner: receive buffer index -> the view lent by take_view()
+        self._last_sent = 0  # writer: seq of its last message sent (after the drops), named by the next one
+        # owner: buffers received and checked but held back, index -> (writer, seq, after, payload view, checksum);
+        # and per writer the seq of the last segment handed out
+        self._arrived: dict[int, tuple[int, int, int, np.ndarray, int]] = {}
+        self._handed_out: dict[int, int] = {}
         if self.is_owner:
             self._bufs = [np.empty(HEADER_BYTES + ring.slot_bytes, np.uint8) for _ in range(ring.slots)]
             self._reqs = [self._post(i) for i in range(ring.slots)]
@@ -193,7 +205,9 @@ class TwoSidedExperienceRing(ExperienceRing):
         self._spare.append(message.base if message.base is not None else message)
 
     def _send(self, message: np.ndarray) -> None:
-        message[4 * 8:5 * 8].view(WORD)[0] = len(self.drops)
+        words = message[:6 * 8].view(WORD)
+        words[4], words[5] = len(self.drops), self._last_sent
+        self._last_sent = int(words[0])
         self._inflight = self.ep.comm.Issend([message, MPI.BYTE], self.owner, TAG)
         self._inflight_buffer = message
 
@@ -238,14 +252,13 @@ class TwoSidedExperienceRing(ExperienceRing):
 
     def take_view(self):
         self._check_owner("take_view")
-        segments = []
         status = MPI.Status()
         for index, request in enumerate(self._reqs):
-            # A held buffer has no receive posted (its request is null and would test complete): skip it.
-            if index in self._held or not request.Test(status):
+            # A held or held-back buffer has no receive posted (its request is null and would test complete).
+            if index in self._held or index in self._arrived or not request.Test(status):
                 continue
             buf = self._bufs[index]
-            seq, nbytes, writer, expected_sum, drops = (int(x) for x in buf[:5 * 8].view(WORD))
+            seq, nbytes, writer, expected_sum, drops, after = (int(x) for x in buf[:6 * 8].view(WORD))
             payload = buf[HEADER_BYTES:HEADER_BYTES + nbytes].view()
             payload.flags.writeable = False  # the posted receive buffer: lent until release() re-posts it
             error = None
@@ -254,15 +267,22 @@ class TwoSidedExperienceRing(ExperienceRing):
             elif self.config.checksums and checksum(payload) != expected_sum:
                 error = f"segment {seq} from rank {writer} fails its checksum"
             if error is not None:
-                # Re-post this buffer and the ones taken so far before raising: a close() after the error must
-                # still find every receive posted and no view held.
+                # Re-post this buffer before raising: nothing was lent yet, and a close() after the error must
+                # still find every other buffer posted or waiting its turn.
                 self._reqs[index] = self._post(index)
-                self.release(segments)
                 raise TransportError(f"transport channel 'ring': {error}")
             self._drops_by_writer[writer] = max(self._drops_by_writer.get(writer, 0), drops)
-            segment = Segment(writer, seq, payload, expected_sum, index)
-            self._held[index] = segment
-            segments.append(segment)
+            self._arrived[index] = (writer, seq, after, payload, expected_sum)
+        # Per writer, the arrived segments that follow the last one handed out, in the order they were sent.
+        following = {(writer, after): index for index, (writer, _, after, _, _) in self._arrived.items()}
+        segments = []
+        for writer in {row[0] for row in self._arrived.values()}:
+            while (index := following.get((writer, self._handed_out.get(writer, 0)))) is not None:
+                _, seq, _, payload, expected_sum = self._arrived.pop(index)
+                segment = Segment(writer, seq, payload, expected_sum, index)
+                self._held[index] = segment
+                segments.append(segment)
+                self._handed_out[writer] = seq
         return segments
 
     def release(self, segments):
@@ -275,6 +295,7 @@ class TwoSidedExperienceRing(ExperienceRing):
         self._check_owner("ready_slots")
         # Request.Get_status tests for completion without completing the request (MPI_Request_get_status), so
         # counting takes nothing; it also drives progress, as Test does.
+        # A held-back buffer's request is null, which also tests complete: it counts, as it waits to be taken.
         return sum(1 for index, request in enumerate(self._reqs) if index not in self._held and request.Get_status())
 
     def dropped_total(self):
