@@ -1,6 +1,7 @@
 """HDF5 checkpoints (atomic commit, verification, fallback, retention) and metrics.h5."""
 
 import logging
+import signal
 import subprocess
 import sys
 import time
@@ -211,3 +212,61 @@ def test_pool_file_round_trips_and_is_replaced_whole(tmp_path):
     assert open_run(tmp_path).pool["version"] == [10, 20, 30]
     with pytest.raises(ValueError, match="2 versions and 1 qualities"):
         write_pool(tmp_path / "pool.h5", [1, 2], [0.0])
+
+
+def _strand_metrics(path: Path, versions: int) -> None:
+    """A writer process SIGKILLed while it holds ``path`` in SWMR mode (a crashed controller)."""
+    code = ("import os, signal, sys; from hpc_rl.storage import MetricsWriter\n"
+            f"w = MetricsWriter({str(path)!r}, flush_every_s=1e9)\n"
+            f"for v in range({versions}): w.log_many({{'train/loss': v / 10, 'perf/x': v}}, version=v, step=v)\n"
+            "w.flush(); os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def test_metrics_left_open_by_a_crashed_writer_is_recovered_by_the_run_owner(tmp_path, caplog):
+    from hpc_rl.storage.metrics import MetricsFileInUse
+
+    path = tmp_path / "metrics.h5"
+    _strand_metrics(path, 10)
+    with pytest.raises(OSError, match="already open for write"):
+        h5py.File(path, "r+", libver="latest").close()  # HDF5 refuses it: the consistency flag is set
+    before = read_metrics(path)  # an SWMR read still sees every flushed row
+    assert list(before["train/loss"]["version"]) == list(range(10))
+    with pytest.raises(MetricsFileInUse, match="resuming the run recovers it"):
+        MetricsWriter(path, resume_version=6)  # not the run's owner: refused, nothing changed
+    with caplog.at_level(logging.WARNING, logger="hpc_rl.storage.metrics"):
+        with MetricsWriter(path, resume_version=6, recover=True) as writer:
+            writer.log("train/loss", 7, 7, 0.7)
+            writer.log("eval/new_name", 7, 7, 1.0)  # a name first seen after the start: no reopen
+            writer.flush()
+            live = read_metrics(path)
+            assert list(live["eval/new_name"]["version"]) == [7]
+    assert "recovered metrics.h5: 14 rows up to version 6 (was left open by a crashed job)" in caplog.text
+    after = read_metrics(path)
+    for name in ("train/loss", "perf/x"):
+        np.testing.assert_array_equal(after[name][:7], before[name][:7])
+    assert list(after["train/loss"]["version"]) == list(range(8)) and list(after["perf/x"]["version"]) == list(range(7))
+    h5py.File(path, "r+", libver="latest").close()  # closed cleanly: writable again
+
+
+def test_hdf5_opens_retry_another_process_lock_then_fail_clearly(tmp_path):
+    from hpc_rl.storage.hdf5 import FileBusyError, open_h5
+
+    path = tmp_path / "held.h5"
+    h5py.File(path, "w").close()
+    # A writer outside SWMR mode holds HDF5's exclusive lock for 1.5 s.
+    holder = subprocess.Popen([sys.executable, "-c", "import h5py, sys, time\n"
+                               f"f = h5py.File({str(path)!r}, 'a'); print('held', flush=True); time.sleep(1.5)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(BlockingIOError):
+            h5py.File(path, "r").close()
+        with pytest.raises(FileBusyError, match="still locked by another process"):
+            open_h5(path, "r", timeout_s=0.2)
+        with open_h5(path, "r", timeout_s=30) as f:  # retried until the holder lets go
+            assert f.filename == str(path)
+    finally:
+        holder.kill()
+        holder.wait()

@@ -36,6 +36,7 @@ from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_l
                             write_pool)
 from hpc_rl.storage.checkpoint import checkpoint_name
 from hpc_rl.storage.layout import RunLayout, runs_index
+from hpc_rl.storage.runlock import release_run_lock
 from hpc_rl.storage.tensorboard import open_export
 from hpc_rl.topology import Role, Topology
 
@@ -67,8 +68,9 @@ class Controller:
         self.config, self.topology, self.control, self.run_dir = config, topology, control, run_dir
         self.layout = RunLayout(run_dir)
         self.stop_flag = stop_flag
+        # The caller holds the run lock: a metrics.h5 a crashed job left open is recovered.
         self.metrics = MetricsWriter(self.layout.metrics, resume_version=resume_version if resume_version >= 0
-                                     else None)
+                                     else None, recover=True)
         # TensorBoard's view of metrics.h5, when tensorboard is installed: this attempt starts at the next version.
         self.tensorboard = open_export(self.layout.tensorboard, first_version=max(resume_version, 0) + 1)
         if self.tensorboard is None:
@@ -333,6 +335,7 @@ class Controller:
         status = {"state": self.stop_reason, "version": self.learners_done, "time": time.time()}
         self.layout.status.write_text(json.dumps(status) + "\n")
         log.info("segments produced %d, consumed %d, left unconsumed %d", len(produced), len(consumed), len(left))
+        release_run_lock(self.run_dir)
 
     def requeue(self) -> None:
         """After a signal (Slurm's preemption or time-limit warning): put this job back in the queue, where it will

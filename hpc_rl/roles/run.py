@@ -28,6 +28,7 @@ from hpc_rl.roles.controller import Controller, open_run_dir
 from hpc_rl.roles.env_worker import EnvWorker
 from hpc_rl.roles.protocol import CONTROLLER, TAG_ACCOUNTING, TAG_RESUME
 from hpc_rl.storage import write_meta
+from hpc_rl.storage.runlock import RunLockedError, acquire_run_lock
 from hpc_rl.topology import Role, Topology
 from hpc_rl.transport import Transport
 
@@ -44,6 +45,10 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
     """
     try:
         return _run(config, comm, overrides)
+    except RunLockedError as err:  # raised on every rank (the refusal is broadcast): no rank waits for another
+        if comm.Get_rank() == CONTROLLER:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
@@ -60,6 +65,16 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     run_dir = Path(config.runs_dir) / config.run_name
     stop_flag = StopFlag()
     control = comm.Dup()
+    # One job writes a run: the controller takes the run lock before any rank touches a file of the run.
+    refused = None
+    if rank == CONTROLLER:
+        try:
+            acquire_run_lock(run_dir)
+        except RunLockedError as err:
+            refused = str(err)
+    refused = comm.bcast(refused, root=CONTROLLER)
+    if refused is not None:
+        raise RunLockedError(refused)
     log = setup_logging(run_dir, rank, f"{placement.role.value}[{placement.index}]") if rank != CONTROLLER else None
 
     # The controller decides where to resume from; learners get the state, env ranks the version (for seeding).

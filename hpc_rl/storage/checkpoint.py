@@ -25,6 +25,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from hpc_rl.storage.hdf5 import FileBusyError, open_h5
 from hpc_rl.storage.tree import read_tree, write_tree
 
 FORMAT = 1
@@ -95,7 +96,7 @@ def commit_checkpoint(directory: str | Path, version: int, sections: dict[str, A
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / checkpoint_name(version)
     tmp = directory / f".{final.name}.{os.getpid()}.tmp"
-    with h5py.File(tmp, "w") as f:
+    with open_h5(tmp, "w") as f:
         f.attrs["format"] = FORMAT
         f.attrs["version"] = int(version)
         f.attrs["config_hash"] = str(config_hash)
@@ -127,7 +128,7 @@ def load_checkpoint(path: str | Path, config_hash: str | None = None) -> Checkpo
     """Load and verify one checkpoint; raise CheckpointError saying why it cannot be trusted."""
     path = Path(path)
     try:
-        with h5py.File(path, "r") as f:
+        with open_h5(path, "r") as f:
             missing = [k for k in ("format", "version", "config_hash", "content_hash") if k not in f.attrs]
             if missing:
                 raise CheckpointError(f"{path}: not a complete checkpoint (attributes {missing} missing)")
@@ -139,7 +140,7 @@ def load_checkpoint(path: str | Path, config_hash: str | None = None) -> Checkpo
                 raise CheckpointError(f"{path}: content hash mismatch (stored {stored[:12]}, computed {actual[:12]})")
             sections = {name: read_tree(f[name]) for name in f.keys()}
             version, stored_config = int(f.attrs["version"]), str(f.attrs["config_hash"])
-    except CheckpointError:
+    except (CheckpointError, FileBusyError):  # a busy file is not a bad one: no fallback to an older version
         raise
     except (OSError, KeyError, ValueError) as err:  # h5py raises OSError on truncation and checksum errors
         raise CheckpointError(f"{path}: unreadable ({err})") from err

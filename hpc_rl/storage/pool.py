@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 
 from hpc_rl.storage.checkpoint import _fsync_path, _replace_durably, checkpoint_name
+from hpc_rl.storage.hdf5 import open_h5
 
 
 def write_pool(path: str | Path, versions: list[int], qualities: list[float], **attrs) -> None:
@@ -24,7 +25,7 @@ def write_pool(path: str | Path, versions: list[int], qualities: list[float], **
     if len(versions) != len(qualities):
         raise ValueError(f"{len(versions)} versions and {len(qualities)} qualities")
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    with h5py.File(tmp, "w") as f:
+    with open_h5(tmp, "w") as f:
         f.create_dataset("version", data=np.asarray(versions, np.int64), fletcher32=True)
         f.create_dataset("quality", data=np.asarray(qualities, np.float64), fletcher32=True)
         f.create_dataset("checkpoint", data=np.asarray([checkpoint_name(v) for v in versions], dtype=object),
@@ -41,5 +42,5 @@ def read_pool(path: str | Path) -> tuple[list[int], list[float], dict] | None:
     path = Path(path)
     if not path.is_file():
         return None
-    with h5py.File(path, "r") as f:
+    with open_h5(path, "r") as f:
         return ([int(v) for v in f["version"][()]], [float(q) for q in f["quality"][()]], dict(f.attrs))
