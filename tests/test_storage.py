@@ -1,6 +1,7 @@
 """HDF5 checkpoints (atomic commit, verification, fallback, retention) and metrics.h5."""
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -270,3 +271,40 @@ def test_hdf5_opens_retry_another_process_lock_then_fail_clearly(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_run_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path, monkeypatch):
+    import json
+    import socket
+
+    from hpc_rl.storage.layout import RunLayout
+    from hpc_rl.storage.runlock import RunLockedError, acquire_run_lock, release_run_lock
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    lock = RunLayout(tmp_path).lock
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": live.pid, "slurm_job_id": None,
+                                    "start_time": "then"}))
+        with pytest.raises(RunLockedError, match=f"in use by another job \\(host {socket.gethostname()}, pid "
+                                                 f"{live.pid}, no Slurm job, since then\\)"):
+            acquire_run_lock(tmp_path)
+        # A holder on another host without Slurm cannot be checked: refused too.
+        lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "slurm_job_id": None, "start_time": "then"}))
+        with pytest.raises(RunLockedError, match="host elsewhere"):
+            acquire_run_lock(tmp_path)
+    finally:
+        live.kill()
+        live.wait()
+    # The holder's pid is gone from this host: stale, taken over.
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": live.pid, "slurm_job_id": None,
+                                "start_time": "then"}))
+    mine = acquire_run_lock(tmp_path)
+    assert json.loads(lock.read_text()) == mine and mine["pid"] == os.getpid()
+    # Our own Slurm job's lock from another host (the job requeued onto another node): taken over.
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "slurm_job_id": "4242", "start_time": "then"}))
+    assert acquire_run_lock(tmp_path)["slurm_job_id"] == "4242"
+    release_run_lock(tmp_path)
+    assert not lock.exists()

@@ -219,6 +219,9 @@ class Controller:
         if bad:
             log.error("refusing to commit version %d: non-finite parameters %s", version, bad[:5])
             return
+        # The rows logged so far reach metrics.h5 first: a crash after the commit loses none of the versions a
+        # resume will not redo.
+        self.metrics.flush()
         path = commit_checkpoint(self.layout.checkpoints, version, sections, self.config.config_hash())
         self.committed = version
         prune_checkpoints(self.layout.checkpoints, self.config.pipeline.keep_last, self.config.pipeline.keep_every)
