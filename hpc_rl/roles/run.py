@@ -45,10 +45,13 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
     """
     try:
         return _run(config, comm, overrides)
-    except RunLockedError as err:  # raised on every rank (the refusal is broadcast): no rank waits for another
+    except RunLockedError as err:
+        # Raised on every rank at the same point (the refusal is broadcast) before any rank touched a file of the
+        # run: finish MPI together and end non-zero, without an MPI_Abort banner burying the reason.
         if comm.Get_rank() == CONTROLLER:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+            print(f"hpc_rl: {err}", file=sys.stderr, flush=True)
+        MPI.Finalize()
+        os._exit(1)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
