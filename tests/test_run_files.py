@@ -78,7 +78,8 @@ def test_jobs_killed_mid_run_are_resumed_by_the_same_command(tmp_path):
         job.wait_for(f"resuming {run_dir} from version {resumed_from}", timeout=240)
         if role == "controller":
             job.wait_for("(was left open by a crashed job)", timeout=120)
-            assert f"recovered metrics.h5: {sum(map(len, kept.values()))} rows up to version {resumed_from}" in job.output
+            rows = sum(map(len, kept.values()))
+            assert f"recovered metrics.h5: {rows} rows up to version {resumed_from}" in job.output, job.output
         assert "taking over the stale run lock" in job.output, (role, job.output)  # the killed job never released it
     assert job.wait(300) == 0, job.output
     run = open_run(run_dir)
