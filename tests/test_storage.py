@@ -308,3 +308,21 @@ def test_run_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path, mon
     assert acquire_run_lock(tmp_path)["slurm_job_id"] == "4242"
     release_run_lock(tmp_path)
     assert not lock.exists()
+
+
+def test_metrics_of_the_earlier_layout_are_read_and_converted_on_resume(tmp_path):
+    from hpc_rl.storage.metrics import ROW
+
+    path = tmp_path / "metrics.h5"
+    with h5py.File(path, "w", libver="latest") as f:  # one dataset per name, as runs wrote before the rows table
+        for name, versions in (("train/loss", range(1, 6)), ("perf/env_steps", range(1, 4))):
+            f.create_dataset(f"metrics/{name}", data=np.array([(v, 10 * v, 100.0 + v, v / 2) for v in versions], ROW),
+                             maxshape=(None,), chunks=(1024,))
+    old = read_metrics(path)
+    assert list(old["train/loss"]["version"]) == [1, 2, 3, 4, 5] and list(old["perf/env_steps"]["step"]) == [10, 20, 30]
+    with MetricsWriter(path, resume_version=4) as writer:
+        writer.log("train/loss", 5, 50, 9.0)
+    new = read_metrics(path)
+    np.testing.assert_array_equal(new["train/loss"][:4], old["train/loss"][:4])
+    assert new["train/loss"]["value"].tolist() == [0.5, 1.0, 1.5, 2.0, 9.0]
+    np.testing.assert_array_equal(new["perf/env_steps"], old["perf/env_steps"])
