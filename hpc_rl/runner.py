@@ -38,6 +38,7 @@ from hpc_rl.roles.inference import InferenceWorker
 from hpc_rl.roles.learner import LearnerWorker
 from hpc_rl.roles.protocol import CONTROLLER, TAG_ACCOUNTING, TAG_STOP
 from hpc_rl.storage import write_meta
+from hpc_rl.storage.runlock import acquire_run_lock
 from hpc_rl.topology import Role, Topology, TopologyConfig
 from hpc_rl.transport import Transport
 from hpc_rl.transport.local import LocalWorld
@@ -61,6 +62,7 @@ class SerialRunner:
         self.config = config
         topology = Topology(TOPOLOGY)
         run_dir = Path(config.runs_dir) / config.run_name
+        acquire_run_lock(run_dir)
         resume = open_run_dir(config, overrides)
         resume_version = resume.version if resume is not None else -1
         spec = (env if env is not None else config.env.make(num_envs=1)).spec

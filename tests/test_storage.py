@@ -329,3 +329,116 @@ def test_pool_file_round_trips_and_is_replaced_whole(tmp_path):
     assert open_run(tmp_path).pool["version"] == [10, 20, 30]
     with pytest.raises(ValueError, match="2 versions and 1 qualities"):
         write_pool(tmp_path / "pool.h5", [1, 2], [0.0])
+
+
+def _strand_metrics(path: Path, versions: int) -> None:
+    """A writer process SIGKILLed while it holds ``path`` in SWMR mode (a crashed controller)."""
+    code = ("import os, signal, sys; from hpc_rl.storage import MetricsWriter\n"
+            f"w = MetricsWriter({str(path)!r}, flush_every_s=1e9)\n"
+            f"for v in range({versions}): w.log_many({{'train/loss': v / 10, 'perf/x': v}}, version=v, step=v)\n"
+            "w.flush(); os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def test_metrics_left_open_by_a_crashed_writer_is_recovered_by_the_run_owner(tmp_path, caplog):
+    from hpc_rl.storage.metrics import MetricsFileInUse
+
+    path = tmp_path / "metrics.h5"
+    _strand_metrics(path, 10)
+    with pytest.raises(OSError, match="already open for write"):
+        h5py.File(path, "r+", libver="latest").close()  # HDF5 refuses it: the consistency flag is set
+    before = read_metrics(path)  # an SWMR read still sees every flushed row
+    assert list(before["train/loss"]["version"]) == list(range(10))
+    with pytest.raises(MetricsFileInUse, match="resuming the run recovers it"):
+        MetricsWriter(path, resume_version=6)  # not the run's owner: refused, nothing changed
+    with caplog.at_level(logging.WARNING, logger="hpc_rl.storage.metrics"):
+        with MetricsWriter(path, resume_version=6, recover=True) as writer:
+            writer.log("train/loss", 7, 7, 0.7)
+            writer.log("eval/new_name", 7, 7, 1.0)  # a name first seen after the start: no reopen
+            writer.flush()
+            live = read_metrics(path)
+            assert list(live["eval/new_name"]["version"]) == [7]
+    assert "recovered metrics.h5: 14 rows up to version 6 (was left open by a crashed job)" in caplog.text
+    after = read_metrics(path)
+    for name in ("train/loss", "perf/x"):
+        np.testing.assert_array_equal(after[name][:7], before[name][:7])
+    assert list(after["train/loss"]["version"]) == list(range(8)) and list(after["perf/x"]["version"]) == list(range(7))
+    h5py.File(path, "r+", libver="latest").close()  # closed cleanly: writable again
+
+
+def test_hdf5_opens_retry_another_process_lock_then_fail_clearly(tmp_path):
+    from hpc_rl.storage.hdf5 import FileBusyError, open_h5
+
+    path = tmp_path / "held.h5"
+    h5py.File(path, "w").close()
+    # A writer outside SWMR mode holds HDF5's exclusive lock for 1.5 s.
+    holder = subprocess.Popen([sys.executable, "-c", "import h5py, sys, time\n"
+                               f"f = h5py.File({str(path)!r}, 'a'); print('held', flush=True); time.sleep(1.5)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(BlockingIOError):
+            h5py.File(path, "r").close()
+        with pytest.raises(FileBusyError, match="still locked by another process"):
+            open_h5(path, "r", timeout_s=0.2)
+        with open_h5(path, "r", timeout_s=30) as f:  # retried until the holder lets go
+            assert f.filename == str(path)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_run_lock_refuses_a_live_holder_and_takes_over_a_stale_one(tmp_path, monkeypatch):
+    import json
+    import socket
+
+    from hpc_rl.storage.layout import RunLayout
+    from hpc_rl.storage.runlock import RunLockedError, acquire_run_lock, release_run_lock
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    lock = RunLayout(tmp_path).lock
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": live.pid, "slurm_job_id": None,
+                                    "start_time": "then"}))
+        with pytest.raises(RunLockedError, match=f"in use by another job \\(host {socket.gethostname()}, pid "
+                                                 f"{live.pid}, no Slurm job, since then\\)"):
+            acquire_run_lock(tmp_path)
+        # A holder on another host without Slurm cannot be checked: refused too.
+        lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "slurm_job_id": None, "start_time": "then"}))
+        with pytest.raises(RunLockedError, match="host elsewhere"):
+            acquire_run_lock(tmp_path)
+    finally:
+        live.kill()
+        live.wait()
+    # The holder's pid is gone from this host: stale, taken over.
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": live.pid, "slurm_job_id": None,
+                                "start_time": "then"}))
+    mine = acquire_run_lock(tmp_path)
+    assert json.loads(lock.read_text()) == mine and mine["pid"] == os.getpid()
+    # Our own Slurm job's lock from another host (the job requeued onto another node): taken over.
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "slurm_job_id": "4242", "start_time": "then"}))
+    assert acquire_run_lock(tmp_path)["slurm_job_id"] == "4242"
+    release_run_lock(tmp_path)
+    assert not lock.exists()
+
+
+def test_metrics_of_the_earlier_layout_are_read_and_converted_on_resume(tmp_path):
+    from hpc_rl.storage.metrics import ROW
+
+    path = tmp_path / "metrics.h5"
+    with h5py.File(path, "w", libver="latest") as f:  # one dataset per name, as runs wrote before the rows table
+        for name, versions in (("train/loss", range(1, 6)), ("perf/env_steps", range(1, 4))):
+            f.create_dataset(f"metrics/{name}", data=np.array([(v, 10 * v, 100.0 + v, v / 2) for v in versions], ROW),
+                             maxshape=(None,), chunks=(1024,))
+    old = read_metrics(path)
+    assert list(old["train/loss"]["version"]) == [1, 2, 3, 4, 5] and list(old["perf/env_steps"]["step"]) == [10, 20, 30]
+    with MetricsWriter(path, resume_version=4) as writer:
+        writer.log("train/loss", 5, 50, 9.0)
+    new = read_metrics(path)
+    np.testing.assert_array_equal(new["train/loss"][:4], old["train/loss"][:4])
+    assert new["train/loss"]["value"].tolist() == [0.5, 1.0, 1.5, 2.0, 9.0]
+    np.testing.assert_array_equal(new["perf/env_steps"], old["perf/env_steps"])

@@ -29,19 +29,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import h5py
 import numpy as np
 import trueskill
 
 from hpc_rl import metric_names as M
 from hpc_rl.league.ratings import TrueSkillTable, elo_from_results, nash_average
 from hpc_rl.storage.checkpoint import _replace_durably
-from hpc_rl.storage.metrics import GROUP, ROW, read_metrics
+from hpc_rl.storage.hdf5 import open_h5
+from hpc_rl.storage.metrics import ROW, read_metrics, read_table, write_table
 from hpc_rl.storage.layout import RunLayout
 
 REFERENCES = ("random", "scripted")  # the fixed reference agents; random is the anchor (rating 0)
 ANCHOR = "random"
-OFFLINE_SOURCE = "jobs/tournament.py"  # attribute of the series the offline tournament wrote (it may replace them)
+OFFLINE_SOURCE = "jobs/tournament.py"  # the source of the series the offline tournament wrote (it may replace them)
+OFFLINE_ATTRS = "tournament"  # metrics.h5 attribute: the settings of the last tournament written (JSON)
 # Series families written by both the evaluator ranks (via the controller) and the offline tournament.
 FAMILIES = (M.TRUESKILL, M.TRUESKILL_SIGMA, M.GAMES, M.WIN_RATE, M.DRAW_RATE, M.GAMES_VS)
 OFFLINE_FAMILIES = FAMILIES + ("elo", "nash", "nash_weight")
@@ -188,11 +189,11 @@ def metrics_writable(run_dir: str | Path) -> str | None:
     if not path.is_file():
         return None
     try:
-        with h5py.File(path, "r+", libver="latest"):
+        with open_h5(path, "r+", libver="latest"):
             return None
     except OSError as err:
-        return (f"{path} is open for writing elsewhere or was left open by a crashed writer ({err}); if no job uses "
-                f"the run any more, clear the flag with `h5clear -s {path}`")
+        return (f"{path} is open for writing elsewhere or was left open by a crashed job ({err}); resuming the run "
+                "(the same training command) recovers it")
 
 
 def _version_rows(run_dir: Path) -> dict[int, tuple[int, float]]:
@@ -245,41 +246,35 @@ def _draws(t: Tournament, a: str, b: str) -> int:
     return sum(1 for x, y, s in t.log if {x, y} == {a, b} and s == 0.5)
 
 
+def _offline_family(name: str) -> bool:
+    return any(name.startswith(f"eval/{family}/") for family in OFFLINE_FAMILIES)
+
+
 def foreign_series(run_dir: str | Path) -> list[str]:
     """``eval/*`` series of the families the offline tournament writes that it did not write itself (the ratings
     of evaluator ranks during training): replacing them would lose them."""
-    path = RunLayout(run_dir).metrics
-    if not path.is_file():
-        return []
-    found: list[str] = []
-    with h5py.File(path, "r", libver="latest", swmr=True) as f:
-        for family in OFFLINE_FAMILIES:
-            group = f.get(f"{GROUP}/eval/{family}")
-            if isinstance(group, h5py.Group):
-                found += [f"eval/{family}/{k}" for k, ds in group.items()
-                          if isinstance(ds, h5py.Dataset) and ds.attrs.get("source") != OFFLINE_SOURCE]
-    return sorted(found)
+    table = read_table(RunLayout(run_dir).metrics)
+    return sorted(n for n in table.series if _offline_family(n) and table.sources.get(n) != OFFLINE_SOURCE)
 
 
 def write_ratings(run_dir: str | Path, versions: dict[int, str], ratings: Ratings, attrs: dict | None = None) -> list[str]:
     """Write the tournament's series into ``metrics.h5`` (after dropping every series of the offline families, so a
-    rerun replaces them); returns the names written. The caller checks ``run_in_progress`` first."""
+    rerun replaces them); returns the names written. The caller checks ``run_in_progress`` and ``metrics_writable``
+    first: the file is rewritten (a temporary file, then a rename)."""
     run_dir = Path(run_dir)
     series = offline_series(ratings, versions)
     rows_at = _version_rows(run_dir)
     now = time.time()
-    with h5py.File(RunLayout(run_dir).metrics, "a", libver="latest") as f:
-        root = f.require_group(GROUP)
-        for family in OFFLINE_FAMILIES:
-            if f"eval/{family}" in root:
-                del root[f"eval/{family}"]
-        for name, rows in series.items():
-            # A version the training never logged (a copied checkpoint) gets step 0 and the time of writing.
-            data = np.array([(v, *rows_at.get(v, (0, now)), value) for v, value in rows], dtype=ROW)
-            ds = root.create_dataset(name, data=data, maxshape=(None,), chunks=(1024,), fletcher32=True)
-            ds.attrs["source"] = OFFLINE_SOURCE
-            for key, value in (attrs or {}).items():
-                ds.attrs[key] = value
+    table = read_table(RunLayout(run_dir).metrics)
+    for name in [n for n in table.series if _offline_family(n)]:
+        del table.series[name]
+        table.sources.pop(name, None)
+    for name, rows in series.items():
+        # A version the training never logged (a copied checkpoint) gets step 0 and the time of writing.
+        table.series[name] = np.array([(v, *rows_at.get(v, (0, now)), value) for v, value in rows], dtype=ROW)
+        table.sources[name] = OFFLINE_SOURCE
+    table.attrs[OFFLINE_ATTRS] = json.dumps(attrs or {}, sort_keys=True, default=str)
+    write_table(RunLayout(run_dir).metrics, table)
     return sorted(series)
 
 

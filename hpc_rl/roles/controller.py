@@ -35,6 +35,7 @@ from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_l
                             write_pool)
 from hpc_rl.storage.checkpoint import CheckpointWriteError, checkpoint_name
 from hpc_rl.storage.layout import RunLayout, runs_index
+from hpc_rl.storage.runlock import release_run_lock
 from hpc_rl.storage.tensorboard import open_export
 from hpc_rl.topology import Role, Topology
 
@@ -66,8 +67,9 @@ class Controller:
         self.config, self.topology, self.control, self.run_dir = config, topology, control, run_dir
         self.layout = RunLayout(run_dir)
         self.stop_flag = stop_flag
+        # The caller holds the run lock: a metrics.h5 a crashed job left open is recovered.
         self.metrics = MetricsWriter(self.layout.metrics, resume_version=resume_version if resume_version >= 0
-                                     else None)
+                                     else None, recover=True)
         # TensorBoard's view of metrics.h5, when tensorboard is installed: this attempt starts at the next version.
         self.tensorboard = open_export(self.layout.tensorboard, first_version=max(resume_version, 0) + 1)
         if self.tensorboard is None:
@@ -217,6 +219,9 @@ class Controller:
         if bad:
             log.error("refusing to commit version %d: non-finite parameters %s", version, bad[:5])
             return
+        # The rows logged so far reach metrics.h5 first: a crash after the commit loses none of the versions a
+        # resume will not redo.
+        self.metrics.flush()
         try:
             path = commit_checkpoint(self.layout.checkpoints, version, sections, self.config.config_hash())
         except CheckpointWriteError as err:  # a full filesystem: say so in one line, the previous version stays
@@ -335,6 +340,7 @@ class Controller:
         self.layout.accounting.write_text(json.dumps(summary))
         self._write_status(self.stop_reason)
         log.info("segments produced %d, consumed %d, left unconsumed %d", len(produced), len(consumed), len(left))
+        release_run_lock(self.run_dir)
 
     def _write_status(self, state: str) -> None:
         status = {"state": state, "version": self.learners_done, "time": time.time()}
@@ -361,6 +367,8 @@ class Controller:
                 print(f"SIGTERM while requeueing: Slurm job {job} is not requeued", flush=True)
                 return
             self._write_status("requeue_failed")
-            raise RequeueError(f"{e}; the run stopped at version {self.learners_done} and resumes from it when "
-                               f"the same job is submitted again") from e
+            err = RequeueError(f"{e}; the run stopped at version {self.learners_done} and resumes from it when "
+                               f"the same job is submitted again")
+            log.error("%s", err)
+            raise err from e
         print(f"requeued Slurm job {job}; it resumes from version {self.learners_done}", flush=True)

@@ -30,6 +30,7 @@ from hpc_rl.roles.env_worker import EnvWorker
 from hpc_rl.roles.protocol import CONTROLLER, TAG_ACCOUNTING, TAG_RESUME
 from hpc_rl.slurm import RequeueError
 from hpc_rl.storage import write_meta
+from hpc_rl.storage.runlock import RunLockedError, acquire_run_lock
 from hpc_rl.topology import Role, Topology
 from hpc_rl.transport import Transport
 
@@ -46,12 +47,12 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
     """
     try:
         return _run(config, comm, overrides)
-    except RequeueError as e:
-        # Every rank has finished with MPI: there is nothing to abort. Say why the job will not come back and end
-        # non-zero so that Slurm records a failure; a SystemExit would make ``python -m mpi4py`` call MPI_Abort
-        # at exit, whose banner would bury the reason.
-        logging.getLogger("hpc_rl.controller").error("%s", e)
-        print(f"hpc_rl: {e}", file=sys.stderr, flush=True)
+    except (RequeueError, RunLockedError) as err:
+        # Raised where no rank is inside MPI: a refused requeue once every rank has finished, or the run lock's
+        # refusal, broadcast to every rank before any touched a file of the run. Finish MPI together and end
+        # non-zero (Slurm records a failure) without MPI_Abort, whose banner would bury the reason.
+        if comm.Get_rank() == CONTROLLER:
+            print(f"hpc_rl: {err}", file=sys.stderr, flush=True)
         logging.shutdown()
         MPI.Finalize()
         os._exit(1)
@@ -71,6 +72,16 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     run_dir = Path(config.runs_dir) / config.run_name
     stop_flag = StopFlag()
     control = comm.Dup()
+    # One job writes a run: the controller takes the run lock before any rank touches a file of the run.
+    refused = None
+    if rank == CONTROLLER:
+        try:
+            acquire_run_lock(run_dir)
+        except RunLockedError as err:
+            refused = str(err)
+    refused = comm.bcast(refused, root=CONTROLLER)
+    if refused is not None:
+        raise RunLockedError(refused)
     log = setup_logging(run_dir, rank, f"{placement.role.value}[{placement.index}]") if rank != CONTROLLER else None
 
     # The controller decides where to resume from; learners get the state, env ranks the version (for seeding).

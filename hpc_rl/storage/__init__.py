@@ -1,7 +1,8 @@
 """Files on the shared filesystem: HDF5 checkpoints, metrics.h5, and a reader for analysis.
 
-Storage does not know who writes: callers pass numpy trees (see ``tree.py``). In a run only the controller writes.
-On parallel filesystems without flock set ``HDF5_USE_FILE_LOCKING=FALSE``. ``hpc_rl.storage.tensorboard`` writes
+Storage does not know who writes: callers pass numpy trees (see ``tree.py``). In a run only the controller writes,
+holding the run lock (``runlock.py``). Every HDF5 open retries another process's lock (``hdf5.open_h5``). On
+parallel filesystems without flock set ``HDF5_USE_FILE_LOCKING=FALSE``. ``hpc_rl.storage.tensorboard`` writes
 metrics as TensorBoard event files when the optional ``tensorboard`` package is installed.
 """
 

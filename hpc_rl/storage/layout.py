@@ -3,7 +3,7 @@
     runs/                      the runs directory (``runs_dir``); a Hydra sweep's members share one
       index.tsv                one line per new run: its name and the command line's overrides
       <run_name>/              ``RunLayout``
-        config.yaml  meta.json  metrics.h5  checkpoints/  pool.h5  ratings.json  status.json  accounting.json
+        lock  config.yaml  meta.json  metrics.h5  checkpoints/  pool.h5  ratings.json  status.json  accounting.json
         logs/rank_<k>.log  tensorboard/  <job>.json (a job's report, e.g. vs_scripted.json)
 """
 
@@ -32,6 +32,11 @@ class RunLayout:
     @classmethod
     def of(cls, runs_dir: str | Path, run_name: str) -> RunLayout:
         return cls(Path(runs_dir) / run_name)
+
+    @property
+    def lock(self) -> Path:
+        """Who writes the run now (``hpc_rl.storage.runlock``): host, pid, Slurm job id, start time."""
+        return self.root / "lock"
 
     @property
     def config(self) -> Path:

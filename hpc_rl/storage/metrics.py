@@ -1,56 +1,203 @@
 """``metrics.h5``: append-only time series, written by one process in SWMR mode so analysis can read a live run.
 
-Layout: ``/metrics/<name>`` (a name may contain ``/``: ``perf/env_steps_per_s`` lives in group ``/metrics/perf``), each
-a resizable dataset of rows ``(version, step, wall_time, value)``. On resume the rows past the resumed version are
-cut, so every series stays continuous in the version.
+Layout: two resizable datasets in group ``/metrics``, both created before the file enters SWMR mode (HDF5 cannot
+create a dataset in SWMR mode, and reopening the file outside it collides with readers' locks):
 
-HDF5 cannot create datasets while a file is in SWMR mode: a name seen for the first time is created by briefly
-reopening the file outside SWMR mode (this happens a few times at the start of a run, not on every row).
+    names   one row per series: (name, source); a row's index is the series' id
+    rows    one row per logged value: (name id, version, step, wall_time, value), each series in version order
+
+A name seen for the first time is appended to ``names`` before any row naming it is appended to ``rows``, so a
+reader that reads ``rows`` first and ``names`` second knows every id it meets. ``read_metrics`` returns each
+series as a structured array of ``ROW``. ``source`` is empty for what a run logs; the offline tournament marks its
+series (``hpc_rl.league.tournament``). Files of the earlier layout (one dataset per name) are still read.
+
+Starting a writer on an existing file rewrites it (a temporary file, then ``os.replace``): on resume the rows past
+the resumed version are cut, so every series stays continuous in the version. A file a crashed writer left in SWMR
+mode (its consistency flag set, so HDF5 refuses to open it for writing) is rebuilt the same way from what an SWMR
+read still sees, when the caller owns the run (``recover=True``: it holds the run lock).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from hpc_rl.storage.hdf5 import open_h5
+
 ROW = np.dtype([("version", "<i8"), ("step", "<i8"), ("wall_time", "<f8"), ("value", "<f8")])
+TABLE_ROW = np.dtype([("name", "<i4"), *ROW.descr])
+NAME_BYTES = 128
+NAME = np.dtype([("name", f"S{NAME_BYTES}"), ("source", "S32")])
 GROUP = "metrics"
+NAMES, ROWS = f"{GROUP}/names", f"{GROUP}/rows"
+CHUNK = 4096
+log = logging.getLogger(__name__)
+
+
+class MetricsFileInUse(RuntimeError):
+    """metrics.h5 is open for writing elsewhere, or a crashed writer left it so."""
+
+
+@dataclass
+class MetricsTable:
+    """Every series of a metrics file, with each series' source and the file's attributes."""
+
+    series: dict[str, np.ndarray] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+
+    def cut_after(self, version: int) -> MetricsTable:
+        return MetricsTable({n: s[s["version"] <= version] for n, s in self.series.items()}, dict(self.sources),
+                            dict(self.attrs))
+
+    @property
+    def rows(self) -> int:
+        return sum(len(s) for s in self.series.values())
+
+    @property
+    def last_version(self) -> int:
+        return max((int(s["version"].max()) for s in self.series.values() if len(s)), default=-1)
+
+
+def _check_name(name: str) -> None:
+    if not name or name.startswith("/") or name.endswith("/") or len(name.encode()) > NAME_BYTES:
+        raise ValueError(f"bad metric name {name!r} (non-empty, no leading or trailing '/', at most {NAME_BYTES} "
+                         "bytes)")
+
+
+def _read_open(f: h5py.File) -> MetricsTable:
+    table = MetricsTable(attrs=dict(f[GROUP].attrs) if GROUP in f else {})
+    if GROUP not in f:
+        return table
+    if ROWS not in f:  # the earlier layout: one dataset per name
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                table.series[name] = obj[()]
+                table.sources[name] = str(obj.attrs.get("source", ""))
+        f[GROUP].visititems(visit)
+        return table
+    rows = f[ROWS][()]  # before names: every id in these rows is in names (see the module docstring)
+    names = f[NAMES][()]
+    ids = rows["name"]
+    order = np.argsort(ids, kind="stable")
+    bounds = np.searchsorted(ids[order], np.arange(len(names) + 1))
+    plain = np.empty(len(rows), ROW)
+    for key in ROW.names:
+        plain[key] = rows[key]
+    for i, (name, source) in enumerate(names):
+        table.series[name.decode()] = plain[order[bounds[i]:bounds[i + 1]]]
+        table.sources[name.decode()] = source.decode()
+    return table
+
+
+def read_table(path: str | Path) -> MetricsTable:
+    """Every series of a ``metrics.h5``; safe while a writer appends (an SWMR read, which also reads a file a
+    crashed writer left in SWMR mode)."""
+    if not Path(path).exists():
+        return MetricsTable()
+    with open_h5(path, "r", libver="latest", swmr=True) as f:
+        return _read_open(f)
+
+
+def read_metrics(path: str | Path) -> dict[str, np.ndarray]:
+    """Every series of a ``metrics.h5`` as ``{name: structured array of ROW}``; safe while a writer appends."""
+    return read_table(path).series
+
+
+def write_table(path: str | Path, table: MetricsTable) -> None:
+    """Replace ``path`` with a metrics file holding ``table``, crash-safely (a temporary file, then os.replace)."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    names = list(table.series)
+    for name in names:
+        _check_name(name)
+    rows = np.empty(table.rows, TABLE_ROW)
+    at = 0
+    for i, name in enumerate(names):
+        s = table.series[name]
+        rows["name"][at:at + len(s)] = i
+        for key in ROW.names:
+            rows[key][at:at + len(s)] = s[key]
+        at += len(s)
+    with open_h5(tmp, "w", libver="latest") as f:
+        group = f.create_group(GROUP)
+        for key, value in table.attrs.items():
+            group.attrs[key] = value
+        group.create_dataset("names", data=np.array([(n.encode(), table.sources.get(n, "").encode()) for n in names],
+                                                    NAME), maxshape=(None,), chunks=(256,))
+        group.create_dataset("rows", data=rows, maxshape=(None,), chunks=(CHUNK,), fletcher32=True)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _open_for_write_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be opened for writing (a writer holds it in SWMR mode or crashed holding it), or None."""
+    try:
+        with open_h5(path, "r+", libver="latest"):
+            return None
+    except OSError as err:
+        return str(err)
 
 
 class MetricsWriter:
-    """Buffer rows and append them to ``metrics.h5`` every ``flush_every_s`` seconds (and on ``flush``/``close``)."""
+    """Buffer rows and append them to ``metrics.h5`` every ``flush_every_s`` seconds (and on ``flush``/``close``).
 
-    def __init__(self, path: str | Path, resume_version: int | None = None, flush_every_s: float = 5.0):
+    The file stays in SWMR mode from the constructor to ``close``. ``resume_version``: cut the rows past it.
+    ``recover``: the caller owns the run, so a file left open by a crashed writer (or damaged) is rebuilt (or set
+    aside) instead of refused.
+    """
+
+    def __init__(self, path: str | Path, resume_version: int | None = None, flush_every_s: float = 5.0,
+                 recover: bool = False):
         self.path = Path(path)
         self.flush_every_s = flush_every_s
-        self._pending: dict[str, list[tuple]] = {}
+        self._pending: list[tuple[str, tuple]] = []
         self._last_flush = time.monotonic()
-        self._file = h5py.File(self.path, "a", libver="latest")
-        self._file.require_group(GROUP)
-        if resume_version is not None:
-            self._cut_after(resume_version)
+        table = MetricsTable()
+        if self.path.exists():
+            table = self._existing(resume_version, recover)
+        write_table(self.path, table)
+        self._ids = {name: i for i, name in enumerate(table.series)}
+        self._file = open_h5(self.path, "a", libver="latest")
         self._file.swmr_mode = True
+        self._names_ds, self._rows_ds = self._file[NAMES], self._file[ROWS]
 
-    def _names(self) -> list[str]:
-        names: list[str] = []
-        self._file[GROUP].visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-        return names
-
-    def _cut_after(self, version: int) -> None:
-        for name in self._names():
-            ds = self._file[GROUP][name]
-            keep = int(np.count_nonzero(ds["version"] <= version)) if ds.shape[0] else 0
-            # Rows are appended in version order, so the rows to keep are a prefix.
-            ds.resize((keep,))
+    def _existing(self, resume_version: int | None, recover: bool) -> MetricsTable:
+        """The rows of the existing file to keep, recovering a file a crashed writer left open."""
+        problem = _open_for_write_problem(self.path)
+        if problem is not None and not recover:
+            raise MetricsFileInUse(f"{self.path} cannot be opened for writing ({problem}): a job is writing it, or "
+                                   "one crashed while writing it; resuming the run recovers it")
+        try:
+            table = read_table(self.path)
+        except (OSError, KeyError, ValueError) as err:
+            if not recover:
+                raise
+            aside = self.path.with_name(f"{self.path.name}.damaged.{int(time.time())}")
+            os.replace(self.path, aside)
+            log.error("metrics.h5 is unreadable (%s): set aside as %s, starting an empty one", err, aside.name)
+            print(f"metrics.h5 is unreadable: set aside as {aside.name}", flush=True)
+            return MetricsTable()
+        if resume_version is not None:
+            table = table.cut_after(resume_version)
+        if problem is not None:
+            line = (f"recovered metrics.h5: {table.rows} rows up to version {table.last_version} (was left open by a "
+                    "crashed job)")
+            log.warning(line)
+            print(line, flush=True)
+        return table
 
     def log(self, name: str, version: int, step: int, value: float, wall_time: float | None = None) -> None:
-        if not name or name.startswith("/") or name.endswith("/"):
-            raise ValueError(f"bad metric name {name!r}")
+        _check_name(name)
         row = (int(version), int(step), time.time() if wall_time is None else float(wall_time), float(value))
-        self._pending.setdefault(name, []).append(row)
+        self._pending.append((name, row))
         if time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 
@@ -62,21 +209,18 @@ class MetricsWriter:
     def flush(self) -> None:
         if not self._pending:
             return
-        new = [n for n in self._pending if f"{GROUP}/{n}" not in self._file]
-        if new:
-            self._file.close()
-            with h5py.File(self.path, "a", libver="latest") as f:
-                for name in new:
-                    f.create_dataset(f"{GROUP}/{name}", shape=(0,), maxshape=(None,), dtype=ROW, chunks=(1024,),
-                                     fletcher32=True)
-            self._file = h5py.File(self.path, "a", libver="latest")
-            self._file.swmr_mode = True
-        for name, rows in self._pending.items():
-            ds = self._file[GROUP][name]
-            start = ds.shape[0]
-            ds.resize((start + len(rows),))
-            ds[start:] = np.array(rows, dtype=ROW)
-            ds.flush()
+        new = list(dict.fromkeys(n for n, _ in self._pending if n not in self._ids))
+        if new:  # names before the rows that use them
+            start = self._names_ds.shape[0]
+            self._names_ds.resize((start + len(new),))
+            self._names_ds[start:] = np.array([(n.encode(), b"") for n in new], NAME)
+            self._names_ds.flush()
+            self._ids.update({n: start + i for i, n in enumerate(new)})
+        rows = np.array([(self._ids[n], *row) for n, row in self._pending], TABLE_ROW)
+        start = self._rows_ds.shape[0]
+        self._rows_ds.resize((start + len(rows),))
+        self._rows_ds[start:] = rows
+        self._rows_ds.flush()
         self._pending.clear()
         self._last_flush = time.monotonic()
 
@@ -92,14 +236,3 @@ class MetricsWriter:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def read_metrics(path: str | Path) -> dict[str, np.ndarray]:
-    """Every series of a ``metrics.h5`` as ``{name: structured array of ROW}``; safe while a writer appends."""
-    out: dict[str, np.ndarray] = {}
-    if not Path(path).exists():
-        return out
-    with h5py.File(path, "r", libver="latest", swmr=True) as f:
-        if GROUP not in f:
-            return out
-        f[GROUP].visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
-    return out

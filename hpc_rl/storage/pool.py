@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 
 from hpc_rl.storage.checkpoint import _replace_durably, checkpoint_name, hdf5_image, write_new_file
+from hpc_rl.storage.hdf5 import open_h5
 
 
 def write_pool(path: str | Path, versions: list[int], qualities: list[float], **attrs) -> None:
@@ -46,5 +47,5 @@ def read_pool(path: str | Path) -> tuple[list[int], list[float], dict] | None:
     path = Path(path)
     if not path.is_file():
         return None
-    with h5py.File(path, "r") as f:
+    with open_h5(path, "r") as f:
         return ([int(v) for v in f["version"][()]], [float(q) for q in f["quality"][()]], dict(f.attrs))
