@@ -442,3 +442,20 @@ def test_metrics_of_the_earlier_layout_are_read_and_converted_on_resume(tmp_path
     np.testing.assert_array_equal(new["train/loss"][:4], old["train/loss"][:4])
     assert new["train/loss"]["value"].tolist() == [0.5, 1.0, 1.5, 2.0, 9.0]
     np.testing.assert_array_equal(new["perf/env_steps"], old["perf/env_steps"])
+
+
+def test_metrics_on_a_full_filesystem_fail_in_one_line_and_a_resume_keeps_the_rows(tmp_path, tiny_tmpfs):
+    """The writer runs in a subprocess: after a failed write HDF5 can crash the process that closes the file."""
+    directory = tiny_tmpfs(tmp_path / "run", "256k")
+    path = directory / "metrics.h5"
+    out = subprocess.run([sys.executable, str(ROOT / "tests/programs/fill_metrics.py"), str(path)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
+    error = out.stdout.strip().splitlines()[-1]
+    assert error.startswith(f"error cannot write {path}: No space left on device (errno 28); the rows needed "), error
+    last = int(out.stdout.strip().splitlines()[-2].split()[1])
+    subprocess.run(["mount", "-o", "remount,size=4m", str(directory)], check=True)  # the quota grows
+    resumed = MetricsWriter(path, resume_version=last, recover=True)  # left in SWMR mode: recovered
+    resumed.close()
+    metrics = read_metrics(path)
+    assert len(metrics) == 50 and all(list(s["version"]) == list(range(1, last + 1)) for s in metrics.values())

@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_l
                             write_pool)
 from hpc_rl.storage.checkpoint import CheckpointWriteError, checkpoint_name
 from hpc_rl.storage.layout import RunLayout, runs_index
+from hpc_rl.storage.metrics import MetricsWriteError
 from hpc_rl.storage.runlock import release_run_lock
 from hpc_rl.storage.tensorboard import open_export
 from hpc_rl.topology import Role, Topology
@@ -222,10 +224,7 @@ class Controller:
         # The rows logged so far reach metrics.h5 first: a crash after the commit loses none of the versions a
         # resume will not redo.
         self.metrics.flush()
-        try:
-            path = commit_checkpoint(self.layout.checkpoints, version, sections, self.config.config_hash())
-        except CheckpointWriteError as err:  # a full filesystem: say so in one line, the previous version stays
-            self.control.abort(f"{err}. Aborting the job.")
+        path = commit_checkpoint(self.layout.checkpoints, version, sections, self.config.config_hash())
         self.committed = version
         prune_checkpoints(self.layout.checkpoints, self.config.pipeline.keep_last, self.config.pipeline.keep_every)
         log.info("committed %s", path.name)
@@ -292,9 +291,22 @@ class Controller:
         if self.pool is not None and self.pool.versions:
             self._save_and_send_pool()
 
+    @contextmanager
+    def _aborting_on_write_failure(self):
+        """A full filesystem (or a quota) ends the job with one line naming the file and the space it needed; the
+        last committed checkpoint stays the one a resume starts from."""
+        try:
+            yield
+        except (CheckpointWriteError, MetricsWriteError) as err:
+            self.control.abort(f"{err}. Aborting the job.")
+
     def step(self) -> bool:
         """Handle what arrived, watch the heartbeats and the stop conditions; True once the learners are done and
         their final version is committed (the other ranks have been told to stop)."""
+        with self._aborting_on_write_failure():
+            return self._step()
+
+    def _step(self) -> bool:
         self.service()
         self._maybe_stop()
         self._watch()
@@ -324,7 +336,8 @@ class Controller:
         self.control.abort(f"{reason}. Last committed checkpoint: version {self.committed}. Aborting the job.")
 
     def finish(self) -> None:
-        self.metrics.close()
+        with self._aborting_on_write_failure():
+            self.metrics.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.pool is not None and self.pool.versions:

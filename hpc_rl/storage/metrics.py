@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,19 @@ log = logging.getLogger(__name__)
 
 class MetricsFileInUse(RuntimeError):
     """metrics.h5 is open for writing elsewhere, or a crashed writer left it so."""
+
+
+class MetricsWriteError(OSError):
+    """Rows could not be appended to metrics.h5 (a full filesystem, a quota). The writer is unusable after it: HDF5
+    can crash the process when it later closes such a file, so the job should end at once (MPI_Abort does)."""
+
+
+def _write_failure(path: Path, err: Exception, size: int) -> str:
+    """One line: the file, the cause (the errno h5py buries in its message) and the bytes the rows needed."""
+    found = re.search(r"errno = (\d+), error message = '([^']*)'", str(err))
+    cause = f"{found[2]} (errno {found[1]})" if found else " ".join(str(err).split())[:200]
+    return (f"cannot write {path}: {cause}; the rows needed {size} bytes free on {path.parent}; a resume keeps the "
+            f"rows up to its checkpoint")
 
 
 @dataclass
@@ -211,16 +225,23 @@ class MetricsWriter:
             return
         new = list(dict.fromkeys(n for n, _ in self._pending if n not in self._ids))
         if new:  # names before the rows that use them
-            start = self._names_ds.shape[0]
-            self._names_ds.resize((start + len(new),))
-            self._names_ds[start:] = np.array([(n.encode(), b"") for n in new], NAME)
-            self._names_ds.flush()
+            names = np.array([(n.encode(), b"") for n in new], NAME)
+            try:
+                start = self._names_ds.shape[0]
+                self._names_ds.resize((start + len(new),))
+                self._names_ds[start:] = names
+                self._names_ds.flush()
+            except (OSError, RuntimeError) as err:
+                raise MetricsWriteError(_write_failure(self.path, err, names.nbytes)) from err
             self._ids.update({n: start + i for i, n in enumerate(new)})
         rows = np.array([(self._ids[n], *row) for n, row in self._pending], TABLE_ROW)
-        start = self._rows_ds.shape[0]
-        self._rows_ds.resize((start + len(rows),))
-        self._rows_ds[start:] = rows
-        self._rows_ds.flush()
+        try:
+            start = self._rows_ds.shape[0]
+            self._rows_ds.resize((start + len(rows),))
+            self._rows_ds[start:] = rows
+            self._rows_ds.flush()
+        except (OSError, RuntimeError) as err:  # h5py reports a failed write(2) as either
+            raise MetricsWriteError(_write_failure(self.path, err, rows.nbytes)) from err
         self._pending.clear()
         self._last_flush = time.monotonic()
 
