@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 
@@ -50,16 +51,36 @@ class RequeueError(RuntimeError):
     """``scontrol requeue`` did not requeue the job (refused, killed, timed out or not installed)."""
 
 
+def restarts(job_id: str) -> int | None:
+    """How many times Slurm has requeued ``job_id`` (``Restarts`` of ``scontrol show job``), or None if unknown."""
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"\bRestarts=(\d+)", out.stdout)
+    return int(found[1]) if found else None
+
+
 def requeue(job_id: str, timeout: float = 60) -> None:
-    """Put a running batch job back in the queue (``scontrol requeue``); raises RequeueError saying why not."""
+    """Put this running batch job back in the queue (``scontrol requeue``); raises RequeueError saying why not.
+
+    A requeue ends the running job with TERM, which can kill ``scontrol`` itself before it reports success: a
+    failed call is judged by whether Slurm counted a restart of this job since it started."""
     try:
         out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise RequeueError(f"scontrol requeue {job_id} did not run to the end: {e}") from e
-    if out.returncode != 0:
-        why = out.stderr.strip() or (f"killed by signal {-out.returncode}" if out.returncode < 0
-                                     else f"exit status {out.returncode}, no message")
-        raise RequeueError(f"scontrol requeue {job_id} failed: {why}")
+        why = f"did not run to the end: {e}"
+    else:
+        if out.returncode == 0:
+            return
+        why = "failed: " + (out.stderr.strip() or (f"killed by signal {-out.returncode}" if out.returncode < 0
+                                                   else f"exit status {out.returncode}, no message"))
+    before = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    for wait in (0.0, 0.5, 1.0, 2.0):  # slurmctld may still be processing the request
+        time.sleep(wait)
+        if (restarts(job_id) or 0) > before:
+            return
+    raise RequeueError(f"scontrol requeue {job_id} {why}")
 
 
 def slurm_job_id() -> str | None:

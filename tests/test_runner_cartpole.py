@@ -8,6 +8,7 @@ from hpc_rl.envs.gym_adapter import GymVecEnv
 from hpc_rl.evaluation import evaluate_return
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.runner import SerialRunner
+from hpc_rl.storage import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -30,4 +31,7 @@ def test_serial_runner_learns_cartpole(tmp_path):
     # The benchmark's criterion, on a small budget: some evaluation (every 10k steps) reaches 300 of 500.
     assert max(greedy_returns) >= 300, f"greedy returns {greedy_returns} within 30k steps"
     assert runner.learner.version <= 60 and np.isfinite(metrics["train/value_loss"])
-    assert metrics["train/explained_variance"] > 0.0
+    # The value function learns too. Its explained variance swings between updates (-0.35 to 0.9 on the way to 300
+    # here, as the returns grow), so the best of the run is judged; a value head that learns nothing stays near 0.
+    explained = read_metrics(runner.controller.layout.metrics)["train/explained_variance"]["value"]
+    assert explained.max() > 0.5, explained

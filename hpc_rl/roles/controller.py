@@ -376,7 +376,7 @@ class Controller:
         try:
             requeue(job)
         except RequeueError as e:
-            if not self.stop_flag.come_back:  # scancel kills every process of the job, scontrol included
+            if not self.stop_flag.come_back:  # a scancel meanwhile kills every process of the job, scontrol too
                 print(f"SIGTERM while requeueing: Slurm job {job} is not requeued", flush=True)
                 return
             self._write_status("requeue_failed")
