@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,9 @@ def test_a_resumed_attempt_replaces_the_steps_past_its_start_as_metrics_h5_does(
     for v in range(1, 26):  # the first attempt got to version 25; its last checkpoint was version 20
         first.log_many({"train/policy_loss": -v, "train/lr": 3e-4}, v, wall_time=1.7e9 + v)
     first.close()
+    # TensorBoard orders event files by name: the creation second, then a per-process counter compared as text
+    # ("10" before "9"). A resume is a new process in a later second; so is the second attempt here.
+    time.sleep(1.0 - time.time() % 1.0 + 0.01)
     second = tb.TensorBoardExport(logdir, first_version=21)
     for v in range(21, 31):
         second.log_many({"train/policy_loss": v}, v, wall_time=1.8e9 + v)

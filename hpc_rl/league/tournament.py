@@ -34,9 +34,8 @@ import trueskill
 
 from hpc_rl import metric_names as M
 from hpc_rl.league.ratings import TrueSkillTable, elo_from_results, nash_average
-from hpc_rl.storage.checkpoint import _replace_durably
-from hpc_rl.storage.hdf5 import open_h5
-from hpc_rl.storage.metrics import ROW, read_metrics, read_table, write_table
+from hpc_rl.storage.hdf5 import replace_durably, write_new_file
+from hpc_rl.storage.metrics import ROW, open_for_write_problem, read_metrics, read_table, write_table
 from hpc_rl.storage.layout import RunLayout
 
 REFERENCES = ("random", "scripted")  # the fixed reference agents; random is the anchor (rating 0)
@@ -186,14 +185,11 @@ def metrics_writable(run_dir: str | Path) -> str | None:
     """Why ``metrics.h5`` cannot be opened for writing now (a writer holds it in SWMR mode, or crashed holding it),
     or None."""
     path = RunLayout(run_dir).metrics
-    if not path.is_file():
+    problem = open_for_write_problem(path) if path.is_file() else None
+    if problem is None:
         return None
-    try:
-        with open_h5(path, "r+", libver="latest"):
-            return None
-    except OSError as err:
-        return (f"{path} is open for writing elsewhere or was left open by a crashed job ({err}); resuming the run "
-                "(the same training command) recovers it")
+    return (f"{path} is open for writing elsewhere or was left open by a crashed job ({problem}); resuming the run "
+            "(the same training command) recovers it")
 
 
 def _version_rows(run_dir: Path) -> dict[int, tuple[int, float]]:
@@ -338,12 +334,9 @@ class RatingBook:
     def save(self) -> None:
         """Replace ``ratings.json`` crash-safely (temporary file, fsync, ``os.replace``)."""
         tmp = self.path.parent / f".{self.path.name}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump({"anchor": ANCHOR, "draw_probability": self.table.draw_probability, "records": self.records},
-                      fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        _replace_durably(tmp, self.path)
+        content = {"anchor": ANCHOR, "draw_probability": self.table.draw_probability, "records": self.records}
+        write_new_file(tmp, (json.dumps(content).encode(),))
+        replace_durably(tmp, self.path)
 
 
 def last_rated_version(run_dir: str | Path, resume_version: int) -> int:

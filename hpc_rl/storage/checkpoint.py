@@ -36,7 +36,7 @@ import io
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from hpc_rl.storage.hdf5 import fsync_path, hdf5_image, write_new_file
 from hpc_rl.storage.tree import read_tree, write_tree
 
 FORMAT = 2  # 2: the digest header in the user block; 1 had none
@@ -143,46 +144,6 @@ def _content_hash(f: h5py.File) -> str:
     return h.hexdigest()
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace_durably(tmp: Path, final: Path) -> None:
-    os.replace(tmp, final)
-    _fsync_path(final.parent)
-
-
-def hdf5_image(fill: Callable[[h5py.File], None], userblock: int = 0) -> memoryview:
-    """The bytes of an HDF5 file that ``fill`` writes, built in memory (its first ``userblock`` bytes are zero).
-
-    Files are written whole from such an image rather than by HDF5 itself: after a failed write (ENOSPC), closing
-    the HDF5 file can crash the process."""
-    buffer = io.BytesIO()
-    kwargs = {"userblock_size": userblock} if userblock else {}
-    with h5py.File(buffer, "w", **kwargs) as f:
-        fill(f)
-    return buffer.getbuffer()  # no copy
-
-
-def write_new_file(tmp: Path, parts: Sequence[bytes | memoryview], on_written: Callable[[], None] = lambda: None
-                   ) -> None:
-    """Write ``parts`` to ``tmp``, flush, call ``on_written``, fsync; on any failure remove ``tmp`` and re-raise."""
-    try:
-        with open(tmp, "wb") as fh:
-            for part in parts:
-                fh.write(part)
-            fh.flush()
-            on_written()
-            os.fsync(fh.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _latest_name(directory: Path) -> str | None:
     """The checkpoint file name ``latest`` holds, or None when it is missing or does not hold one."""
     try:
@@ -229,7 +190,7 @@ def commit_checkpoint(directory: str | Path, version: int, sections: dict[str, A
         tmp.unlink(missing_ok=True)
         raise CheckpointWriteError(_write_failure(final, err, len(image), _latest_name(directory))) from err
     stage("replaced")
-    _fsync_path(directory)
+    fsync_path(directory)
     stage("dir_synced")
     latest_tmp = directory / f".{LATEST}.{os.getpid()}.tmp"
     previous = _latest_name(directory)
@@ -241,7 +202,7 @@ def commit_checkpoint(directory: str | Path, version: int, sections: dict[str, A
         latest_tmp.unlink(missing_ok=True)
         raise CheckpointWriteError(_write_failure(directory / LATEST, err, len(final.name) + 1, previous)) from err
     stage("latest_replaced")
-    _fsync_path(directory)
+    fsync_path(directory)
     stage("committed")
     return final
 
@@ -345,5 +306,5 @@ def prune_checkpoints(directory: str | Path, keep_last: int, keep_every: int) ->
     for tmp in directory.glob(".*.tmp"):
         tmp.unlink()
     if deleted:
-        _fsync_path(directory)
+        fsync_path(directory)
     return deleted

@@ -1,18 +1,27 @@
-"""Opening a run's HDF5 files (metrics.h5, checkpoints, pool.h5) while other processes open them too.
+"""Opening a run's HDF5 files (metrics.h5, checkpoints, pool.h5) while other processes open them too, and writing
+them whole.
 
     with open_h5(path, "r", libver="latest", swmr=True) as f: ...
+    write_new_file(tmp, (hdf5_image(fill),)); replace_durably(tmp, path)
 
 HDF5 locks a file with ``flock`` while it opens it (and for as long as a writer outside SWMR mode holds it): an
 open that meets another process's lock fails at once with ``BlockingIOError`` ("unable to lock file", errno 11).
 Such a collision is brief (a reader's open, a checkpoint being written), so ``open_h5`` retries it with backoff
 and raises ``FileBusyError`` only after ``timeout_s``. Every other error (a missing or damaged file, the
 consistency flag of a file open for writing elsewhere) is raised at once.
+
+A file that is written whole (a checkpoint, pool.h5, a rewritten metrics.h5) is built in memory by HDF5 and written
+with plain file writes to a temporary file, then renamed: HDF5 never writes it to the filesystem itself, since after
+a failed write (ENOSPC) closing the HDF5 file can crash the process.
 """
 
 from __future__ import annotations
 
 import errno
+import io
+import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import h5py
@@ -45,3 +54,46 @@ def open_h5(path: str | Path, mode: str = "r", *, timeout_s: float = LOCK_TIMEOU
                     "filesystem without working flock set HDF5_USE_FILE_LOCKING=FALSE") from err
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a rename is durable once its directory is)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_durably(tmp: Path, final: Path) -> None:
+    os.replace(tmp, final)
+    fsync_path(final.parent)
+
+
+def hdf5_image(fill: Callable[[h5py.File], None], userblock: int = 0, **kwargs) -> memoryview:
+    """The bytes of an HDF5 file that ``fill`` writes, built in memory (its first ``userblock`` bytes are zero;
+    ``kwargs`` go to ``h5py.File``, e.g. ``libver``).
+
+    Files are written whole from such an image rather than by HDF5 itself: after a failed write (ENOSPC), closing
+    the HDF5 file can crash the process."""
+    buffer = io.BytesIO()
+    if userblock:
+        kwargs["userblock_size"] = userblock
+    with h5py.File(buffer, "w", **kwargs) as f:
+        fill(f)
+    return buffer.getbuffer()  # no copy
+
+
+def write_new_file(tmp: Path, parts: Sequence[bytes | memoryview], on_written: Callable[[], None] = lambda: None
+                   ) -> None:
+    """Write ``parts`` to ``tmp``, flush, call ``on_written``, fsync; on any failure remove ``tmp`` and re-raise."""
+    try:
+        with open(tmp, "wb") as fh:
+            for part in parts:
+                fh.write(part)
+            fh.flush()
+            on_written()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

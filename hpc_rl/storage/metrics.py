@@ -29,7 +29,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpc_rl.storage.hdf5 import open_h5
+from hpc_rl.storage.hdf5 import hdf5_image, open_h5, replace_durably, write_new_file
 
 ROW = np.dtype([("version", "<i8"), ("step", "<i8"), ("wall_time", "<f8"), ("value", "<f8")])
 TABLE_ROW = np.dtype([("name", "<i4"), *ROW.descr])
@@ -139,19 +139,20 @@ def write_table(path: str | Path, table: MetricsTable) -> None:
         for key in ROW.names:
             rows[key][at:at + len(s)] = s[key]
         at += len(s)
-    with open_h5(tmp, "w", libver="latest") as f:
+
+    def fill(f: h5py.File) -> None:
         group = f.create_group(GROUP)
         for key, value in table.attrs.items():
             group.attrs[key] = value
         group.create_dataset("names", data=np.array([(n.encode(), table.sources.get(n, "").encode()) for n in names],
                                                     NAME), maxshape=(None,), chunks=(256,))
         group.create_dataset("rows", data=rows, maxshape=(None,), chunks=(CHUNK,), fletcher32=True)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+
+    write_new_file(tmp, (hdf5_image(fill, libver="latest"),))
+    replace_durably(tmp, path)
 
 
-def _open_for_write_problem(path: Path) -> str | None:
+def open_for_write_problem(path: Path) -> str | None:
     """Why ``path`` cannot be opened for writing (a writer holds it in SWMR mode or crashed holding it), or None."""
     try:
         with open_h5(path, "r+", libver="latest"):
@@ -185,7 +186,7 @@ class MetricsWriter:
 
     def _existing(self, resume_version: int | None, recover: bool) -> MetricsTable:
         """The rows of the existing file to keep, recovering a file a crashed writer left open."""
-        problem = _open_for_write_problem(self.path)
+        problem = open_for_write_problem(self.path)
         if problem is not None and not recover:
             raise MetricsFileInUse(f"{self.path} cannot be opened for writing ({problem}): a job is writing it, or "
                                    "one crashed while writing it; resuming the run recovers it")

@@ -15,8 +15,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpc_rl.storage.checkpoint import _replace_durably, checkpoint_name, hdf5_image, write_new_file
-from hpc_rl.storage.hdf5 import open_h5
+from hpc_rl.storage.checkpoint import checkpoint_name
+from hpc_rl.storage.hdf5 import hdf5_image, open_h5, replace_durably, write_new_file
 
 
 def write_pool(path: str | Path, versions: list[int], qualities: list[float], **attrs) -> None:
@@ -37,7 +37,7 @@ def write_pool(path: str | Path, versions: list[int], qualities: list[float], **
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     write_new_file(tmp, (hdf5_image(fill),))
     try:
-        _replace_durably(tmp, path)
+        replace_durably(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # left only when the replace failed
 
