@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -79,6 +80,30 @@ def isolate_shared_memory() -> None:
     os.environ["OMPI_MCA_btl_vader_backing_directory"] = directory
     # Registered before anything imports MPI or Horovod, so it runs after their exit handlers (atexit is LIFO).
     atexit.register(_remove_shared_memory_directory, directory)
+
+
+# Stop signals that arrived before the run's StopFlag replaced the handlers hold_stop_signals installed.
+_held_signals: list[int] = []
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+
+
+def hold_stop_signals() -> None:
+    """Keep a SIGUSR2 or SIGTERM that arrives while a rank is still starting, for the run to act on.
+
+    Call first thing in a job's entry point. A rank spends seconds importing torch and starting MPI before the run
+    installs its handlers (``hpc_rl.roles.common.StopFlag``), and Python's default for SIGUSR2 ends the process:
+    a preemption notice or ``scancel --batch --signal=USR2`` in a job's first seconds would kill the rank instead
+    of stopping the run at its first version. StopFlag takes over what was held (``take_held_stop_signals``).
+    """
+    for s in STOP_SIGNALS:
+        signal.signal(s, lambda signum, _frame: _held_signals.append(signum))
+
+
+def take_held_stop_signals() -> list[int]:
+    """The stop signals ``hold_stop_signals`` kept, in arrival order; forgotten here once taken."""
+    held = list(_held_signals)
+    _held_signals.clear()
+    return held
 
 
 def _remove_shared_memory_directory(directory: str) -> None:

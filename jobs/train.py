@@ -10,8 +10,9 @@ same config; the controller (rank 0) writes the run directory.
 
 from pathlib import Path
 
-from hpc_rl.launch import isolate_shared_memory
+from hpc_rl.launch import hold_stop_signals, isolate_shared_memory
 
+hold_stop_signals()  # a USR2 or TERM while this rank starts stops the run at its first version instead of killing it
 isolate_shared_memory()  # before anything imports mpi4py.MPI (which initialises MPI)
 
 import hydra  # noqa: E402

@@ -19,6 +19,7 @@ from hpc_rl.data.batch import Batch
 from hpc_rl.envs.moba import MobaConfig
 from hpc_rl.league.pool import LATEST
 from hpc_rl.model.config import ModelConfig
+from hpc_rl.launch import hold_stop_signals
 from hpc_rl.roles.common import StopFlag
 from hpc_rl.roles.control import RunAborted
 from hpc_rl.roles.learner import CONTROL, Held, SegmentStore, may_update
@@ -215,6 +216,20 @@ def test_nonfinite_updates_are_skipped_then_the_run_halts_with_its_status(tmp_pa
     assert status["state"] == "halted_nonfinite" and status["committed"] == 1
     skipped = read_metrics(tmp_path / "roles" / "metrics.h5")["train/nonfinite_skipped"]
     assert skipped["version"].tolist() == [1, 2, 3] and skipped["value"].tolist() == [0, 2, 2]
+
+
+def test_a_stop_signal_held_while_the_rank_starts_counts_for_the_run():
+    """jobs/train.py holds USR2/TERM from its first line; the run's StopFlag takes over what arrived meanwhile."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
+    try:
+        hold_stop_signals()
+        os.kill(os.getpid(), signal.SIGUSR2)  # the process lives on: the signal is held
+        flag = StopFlag()
+        assert flag.raised and flag.signum == signal.SIGUSR2 and flag.come_back
+        assert StopFlag().received == []  # taken once
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 @pytest.mark.parametrize("signals, come_back", [(["SIGUSR2"], True), (["SIGTERM"], False),

@@ -131,3 +131,49 @@ def test_a_second_job_is_refused_and_readers_never_break_a_live_run(tmp_path):
     assert (tmp_path / "index.tsv").read_text().count("live\t") == 1  # the second job wrote nothing
     assert layout.rank_log(0).read_text().count(" pid ") == 1
     assert not layout.lock.exists()
+
+
+def _starting_ranks(name: str, count: int, timeout: float) -> list[int]:
+    """The pids of the ``count`` Python ranks of the job whose command line names ``run_name=<name>``, as soon as
+    they exist."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = []
+        for proc in Path("/proc").iterdir():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except (OSError, ValueError):
+                continue
+            if f"run_name={name}".encode() in argv and b"mpi4py" in argv and not argv[0].endswith(b"mpirun"):
+                pids.append(int(proc.name))
+        if len(pids) == count:
+            return pids
+        assert time.monotonic() < deadline, f"found {len(pids)} ranks of {name}"
+        time.sleep(0.01)
+
+
+def _catches_usr2(pid: int) -> bool:
+    caught = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigCgt"))
+    return bool(int(caught.split()[1], 16) >> (signal.SIGUSR2 - 1) & 1)
+
+
+def test_a_preemption_signal_while_the_ranks_start_stops_the_run_at_its_first_version(tmp_path):
+    """USR2 (``scancel --batch --signal=USR2`` relayed by srun, or Slurm's time-limit warning) reaching the ranks
+    while they import torch and start MPI: held from jobs/train.py's first line, it stops the run at its first
+    version, committed, instead of killing the ranks (Python's default for SIGUSR2)."""
+    job = _train(tmp_path, "early", [*SMALL, "pipeline.max_versions=100000"])
+    pids = _starting_ranks("early", 6, timeout=120)
+    # Signal as soon as every rank holds USR2, or after 2 s (a rank that never holds it is killed, and the test
+    # fails): either way long before the ranks finish importing the training stack.
+    deadline = time.monotonic() + 2.0
+    while not all(_catches_usr2(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not (tmp_path / "early" / "status.json").exists()  # the run had not started
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR2)
+    code = job.wait(300)
+    assert code == 0, job.output
+    assert "signal 12: stopping at version 1" in job.output, job.output
+    status = json.loads(RunLayout(tmp_path / "early").status.read_text())
+    assert status["state"] == "preempted" and status["version"] == 1, status
+    assert load_latest(RunLayout(tmp_path / "early").checkpoints).version == 1

@@ -13,6 +13,7 @@ from pathlib import Path
 from hpc_rl.config import TrainConfig
 from hpc_rl.data.batch import SegmentSchema
 from hpc_rl.envs.api import EnvSpec
+from hpc_rl.launch import STOP_SIGNALS, take_held_stop_signals
 from hpc_rl.model.policy import Policy
 from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.protocol import parameter_bytes, reply_layout, request_layout
@@ -118,8 +119,9 @@ class StopFlag:
     only): the controller polls the flag and turns it into "stop at version V".
     """
 
-    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR2)):
-        self.received: list[int] = []
+    def __init__(self, signals=STOP_SIGNALS):
+        # What arrived while the rank was starting (jobs/train.py holds the signals from its first line) counts.
+        self.received: list[int] = [s for s in take_held_stop_signals() if s in signals]
         for s in signals:
             signal.signal(s, self._handle)
 
