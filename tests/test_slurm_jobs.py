@@ -1,5 +1,9 @@
 """slurm/train.sbatch and slurm/sweep.sbatch on the local cluster; preemption (USR2 -> checkpoint -> requeue) and
-cancellation (TERM -> checkpoint -> no requeue)."""
+cancellation (TERM -> checkpoint -> no requeue).
+
+Preemption reaches a job the way Slurm delivers it: USR2 to the batch shell (``scancel --batch --signal=USR2``, or
+the job's own ``--signal=B:USR2@...`` before its time limit), whose trap forwards it to srun and so to the ranks.
+A plain ``scancel --signal=USR2`` would signal the job steps directly and skip the trap."""
 
 import json
 import subprocess
@@ -60,7 +64,8 @@ def test_preempted_sweep_member_requeues_resumes_and_finishes(slurm_cluster, tmp
         while _version(runs / "1") < 6:
             assert time.monotonic() < deadline, f"member 1 never reached version 6: {job_states(job)}"
             time.sleep(1)
-        subprocess.run(["scancel", "--signal=USR2", f"{job}_1"], check=True, timeout=30)
+        subprocess.run(["scancel", "--batch", "--signal=USR2", f"{job}_1"], check=True, timeout=30)
+        _release_requeued(f"{job}_1")
         states = wait_for_jobs([job], timeout=600)
         assert set(states.values()) == {"COMPLETED"}, states
         preempted, sibling = open_run(runs / "1"), open_run(runs / "0")
@@ -72,6 +77,7 @@ def test_preempted_sweep_member_requeues_resumes_and_finishes(slurm_cluster, tmp
             assert list(versions) == list(range(1, VERSIONS + 1)), versions  # continuous: nothing lost, nothing twice
             assert run.checkpoint_versions[-1] == VERSIONS
         out = (tmp_path / f"{job}_1.out").read_text()
+        assert "USR2 received (come back): forwarding to the ranks" in out  # through the batch shell's trap
         assert "stopping at version" in out and "requeued Slurm job" in out
         index = (runs / "index.tsv").read_text().splitlines()
         assert sorted(line.split("\t")[0] for line in index) == ["0", "1"]
@@ -96,6 +102,63 @@ def _start_long_run(tmp_path: Path, *sbatch_args: str) -> tuple[str, Path]:
         assert time.monotonic() < deadline, f"the job never reached version 4: {job_states(job)}"
         time.sleep(1)
     return job, run_dir
+
+
+def _release_requeued(job: str, *updates: str) -> None:
+    """Once Slurm has requeued ``job``, make it eligible at once (with ``updates`` to its record): Slurm holds a
+    requeued batch job for about two minutes (its BeginTime), a wait that is the scheduler's, not the run's."""
+    deadline = time.monotonic() + 240
+    while (fields := _job_fields(job))["Restarts"] == "0" or fields["JobState"] != "PENDING":
+        assert time.monotonic() < deadline, f"the job was never requeued: {fields}"
+        time.sleep(1)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now", *updates], check=True, timeout=30)
+
+
+def _requeued_resumes_and_continues(job: str, run_dir: Path, tmp_path: Path, signalled_at: int) -> None:
+    """The preempted job was requeued once, resumed from the checkpoint it committed on USR2 (signalled at version
+    ``signalled_at`` or later) and went on; stopped then with a plain scancel, its versions run from 1 to its last
+    exactly once."""
+    deadline = time.monotonic() + 300
+    while True:
+        fields = _job_fields(job)
+        meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
+        resumed_from = meta.get("resumed_from", -1)
+        if fields["Restarts"] == "1" and resumed_from >= signalled_at and _version(run_dir) >= resumed_from + 3:
+            break
+        assert time.monotonic() < deadline, f"no resumed progress: {fields['JobState']}, restarts " \
+                                             f"{fields['Restarts']}, resumed_from {resumed_from}"
+        time.sleep(1)
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    assert wait_for_jobs([job], timeout=120) == {job: "CANCELLED"}
+    out = (tmp_path / f"{job}.out").read_text()
+    assert "USR2 received (come back): forwarding to the ranks" in out, out  # the batch shell's trap
+    assert "requeued Slurm job" in out and f"job {job} restart 1" in out, out
+    run = open_run(run_dir)
+    versions = list(run.metrics["train/policy_loss"]["version"])
+    assert versions == list(range(1, versions[-1] + 1)), versions  # continuous: nothing lost, nothing twice
+    assert versions[-1] > resumed_from and run.checkpoint_versions[-1] == versions[-1]
+
+
+def test_usr2_to_the_batch_shell_requeues_a_training_job_that_resumes(slurm_cluster, tmp_path):
+    job, run_dir = _start_long_run(tmp_path)
+    try:
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True, timeout=30)
+        _release_requeued(job)
+        _requeued_resumes_and_continues(job, run_dir, tmp_path, signalled_at=4)
+    finally:
+        subprocess.run(["scancel", job], timeout=30)
+
+
+def test_the_time_limit_signal_requeues_a_training_job_that_resumes(slurm_cluster, tmp_path):
+    """``--signal=B:USR2@60`` with a 3-minute limit: Slurm signals the batch shell 60 to 120 s after the start
+    (its timer may fire up to a minute early). The requeued job's limit is raised, so it is not signalled again while
+    the test watches it."""
+    job, run_dir = _start_long_run(tmp_path, "--time=3", "--signal=B:USR2@60")
+    try:
+        _release_requeued(job, "TimeLimit=30")
+        _requeued_resumes_and_continues(job, run_dir, tmp_path, signalled_at=1)
+    finally:
+        subprocess.run(["scancel", job], timeout=30)
 
 
 def test_scancel_stops_the_run_and_the_job_stays_cancelled(slurm_cluster, tmp_path):
