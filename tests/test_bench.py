@@ -4,12 +4,16 @@ asserted: speed is what the benchmarks print."""
 
 import dataclasses
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
+import yaml
 
 from hpc_rl.bench import REPORT_SEEDS, TUNING_SEEDS, cartpole, e2e, seed_report
 from hpc_rl.config import EnvConfig, LeagueConfig, PipelineConfig, TrainConfig
 from hpc_rl.topology import TopologyConfig
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _bench_configs():
@@ -72,3 +76,9 @@ def test_learning_is_reported_on_seeds_the_defaults_were_not_tuned_on():
     with pytest.raises(ValueError, match=r"seeds \[1\] chose the learning defaults.*--allow-tuning-seeds"):
         cartpole.run(args)
     assert seed_report([3, 1], allow_tuning_seeds=True)["tuning_seeds_reported"] == [1]
+
+
+def test_ablation_sweeps_run_seeds_the_defaults_were_not_tuned_on():
+    for path in sorted((ROOT / "conf/ablation").glob("*.yaml")):
+        seeds = str(yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"]["seed"])
+        assert not {int(s) for s in seeds.split(",")} & set(TUNING_SEEDS), path.name
