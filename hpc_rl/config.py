@@ -53,6 +53,11 @@ class EnvConfig:
     def is_moba(self) -> bool:
         return self.name == "moba"
 
+    @property
+    def agents_per_copy(self) -> int:
+        """Agents in one copy: both teams' heroes in MOBA, the one agent of a Gymnasium env (``GymVecEnv``)."""
+        return self.moba.spec().num_agents if self.is_moba else 1
+
     def scripted_copies(self) -> int:
         """Copies per env rank in which the scripted bot plays one side (0 outside MOBA): the first ones."""
         return int(round(self.vs_scripted_fraction * self.num_envs)) if self.is_moba else 0

@@ -1,4 +1,5 @@
 import argparse
+import contextlib
 import json
 import sys
 
@@ -16,7 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     module.add_arguments(parser)
     args = parser.parse_args(rest)
-    result = module.run(args)
+    # stdout carries the figures alone (one JSON line with --json): what the code under test prints on the way (the
+    # serial runner's progress lines) goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        result = module.run(args)
     if args.json:
         print(json.dumps(result))
     else:
