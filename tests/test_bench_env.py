@@ -10,13 +10,13 @@ from hpc_rl.bench import env as bench
 from hpc_rl.envs.moba import IALIVE, UHP, MobaConfig, MobaEnv
 from hpc_rl.envs.moba_config import EV_HP, EV_TOWER_HP
 
-ARGS = dict(copies_1v1=2, copies_5v5=2, games=5, replay_steps=10, warmup=0, seed=0)
+ARGS = dict(copies_1v1=2, copies_5v5=2, games=5, replay_every=4, replay_window=10, warmup=0, seed=0)
 
 
 def test_env_bench_plays_whole_games_with_fighting():
     copies, games = 3, 5
     config = MobaConfig(map_size=32.0, towers_per_lane=1, time_limit=700)  # the small map, games capped at 700 steps
-    r = bench.measure(config, copies, games, replay_steps=10, warmup=2, seed=0)
+    r = bench.measure(config, copies, games, replay_every=4, replay_window=50, warmup=2, seed=0)
     assert r["episodes_finished"] >= games * copies and r["min_episodes_per_copy"] >= games
     assert sum(r["outcomes"].values()) == r["episodes_finished"] and r["outcomes"]["scripted"] > 0  # bases fall
     assert 0 < r["mean_episode_length"] <= 700 and r["steps"] >= games * r["mean_episode_length"]
@@ -28,7 +28,8 @@ def test_env_bench_plays_whole_games_with_fighting():
     assert all(s > 0 for s in r["bot_seconds_per_step"].values())
     assert r["bots"] == ["scripted", "random"] and r["num_envs"] == copies and r["agents_per_env"] == 2
     replay = r["early_game_replay"]
-    assert replay["agent_steps_per_s"] > 0 and replay["steps"] == 10 and replay["replayed_actions"] == 64
+    assert replay["agent_steps_per_s"] > 0 and replay["steps"] == r["steps"] // 4 and replay["replayed_actions"] == 64
+    assert replay["episodes_finished"] == 0 and replay["combat_step_share"] < r["combat_step_share"]  # walking out
 
 
 def test_combat_is_read_from_every_unit_not_only_the_reward_events():
@@ -49,7 +50,7 @@ def test_combat_is_read_from_every_unit_not_only_the_reward_events():
     assert sum(hit[first:]) >= 10  # the creeps go on fighting (every unit strikes once per 7-9 steps)
 
 
-@pytest.mark.parametrize("field, value", [("copies_1v1", 0), ("copies_5v5", -1), ("games", 0), ("replay_steps", 0),
+@pytest.mark.parametrize("field, value", [("copies_1v1", 0), ("copies_5v5", -1), ("games", 0), ("replay_every", 0), ("replay_window", 0),
                                           ("warmup", -1), ("seed", -1)])
 def test_env_bench_rejects_bad_options(field, value):
     with pytest.raises(ValueError, match=field.replace("_", "-")):

@@ -16,14 +16,20 @@ Timed apart, with ``time.perf_counter`` around each call:
 ``combat_step_share`` is the share of copy-steps in which some unit took damage, read from the env's state arrays
 outside the timed calls: a hero hit this step (its last-hurt step is now), a creep, tower or base whose hp changed
 or that died (only heroes regenerate); the last step of a game counts when a base fell or a hero's or structure's hp
-reward event is negative (the copy has already been reset). ``early_game_replay`` is the previous measure beside it:
-the same copies replaying the first 64 legal random actions of a game in a loop, where heroes walk out of base and
-nobody fights; ``full_games_vs_replay`` divides the two agent-step rates.
+reward event is negative (the copy has already been reset).
 
-Defaults: 64 copies in 1v1 and 16 in 5v5, 5 games per copy, 1,000 replay steps. Whole games take most of the time
-(1v1 games last ~2,000-3,000 steps, 5v5 ones ~1,500-6,000, and the slowest copy sets the run's length); with these
-copies the bench runs in about a minute on a free core and well within 3 minutes on a loaded one, and 64 or 16
-copies are what an env rank steps (the replay's per-copy rate changes little from 64 to 256 copies).
+``early_game_replay`` is the previous measure beside it, on as many copies: the first 64 legal random actions of a
+game replayed in a loop over steps 164 to 1,164 of the game (``--warmup``, ``--replay-window``), where the heroes
+mostly walk out of base, no game ends and no copy resets; then its copies start over, untimed. Its steps are
+interleaved with the whole games (one every ``--replay-every`` steps) so that both see the same load on a shared
+machine; it reports its own ``combat_step_share`` (creep waves meet from step ~100 on) and ``episodes_finished`` (0),
+and ``full_games_vs_replay`` divides the two agent-step rates.
+
+Defaults: 256 copies in 1v1 (as the replay measured before) and 16 in 5v5, 5 games per copy, a replay step every 4th
+step. Games last ~2,600 steps in 1v1 and ~1,800 in 5v5, and the copy with the longest games sets the run's length
+(~23,000 steps in 1v1, ~12,500 in 5v5): about 60-65 CPU-seconds in all, 1-2 minutes on a core shared with other work
+(68 s at 87% of a core, 116 s at 56%). More 5v5 copies lengthen the run (the longest of more copies' games) for
+little change of the rates.
 """
 
 from __future__ import annotations
@@ -46,18 +52,25 @@ REPLAYED_ACTIONS = 64  # steps of a game's beginning that the early-game replay 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--copies-1v1", type=int, default=64, help="1v1 copies stepped together")
+    parser.add_argument("--copies-1v1", type=int, default=256, help="1v1 copies stepped together")
     parser.add_argument("--copies-5v5", type=int, default=16, help="5v5 copies stepped together")
     parser.add_argument("--games", type=int, default=5, help="games every copy finishes (at least)")
-    parser.add_argument("--replay-steps", type=int, default=1000, help="timed steps of the early-game replay")
-    parser.add_argument("--warmup", type=int, default=100, help="untimed replay steps first (caches)")
+    parser.add_argument("--replay-every", type=int, default=4, help="one early-game replay step every this many steps")
+    parser.add_argument("--replay-window", type=int, default=1000, help="timed replay steps before its copies restart")
+    parser.add_argument("--warmup", type=int, default=100, help="untimed replay steps before each window")
     parser.add_argument("--seed", type=int, default=0, help="seed of the games and the random bot")
+
+
+def non_hero_state(env: MobaEnv) -> tuple[np.ndarray, np.ndarray]:
+    """The hp and alive flags of every creep, tower and base, (E, U - A) each: ``took_damage``'s before-step state."""
+    H = env.spec.num_agents
+    return env.uf[:, H:, UHP].copy(), env.ui[:, H:, IALIVE] == 1
 
 
 def took_damage(env: MobaEnv, hp0: np.ndarray, alive0: np.ndarray, events: np.ndarray, dones: np.ndarray,
                 winners: np.ndarray) -> np.ndarray:
-    """(E,) bool: the copies in which some unit took damage in the step just played. ``hp0`` and ``alive0`` are the
-    hp and alive flags of every non-hero unit (creeps, towers, bases) before the step.
+    """(E,) bool: the copies in which some unit took damage in the step just played; ``hp0``, ``alive0``: the
+    ``non_hero_state`` before the step.
 
     Heroes record the step they were last hurt; the other units never regain hp, so a change of hp (a replacement
     creep in the slot of a killed one included) or a death is damage. A copy whose game ended has been reset: its
@@ -70,9 +83,10 @@ def took_damage(env: MobaEnv, hp0: np.ndarray, alive0: np.ndarray, events: np.nd
     return np.where(dones, ended_hit, heroes_hit | others_hit)
 
 
-def play_whole_games(config: MobaConfig, num_envs: int, games: int, seed: int) -> dict:
+def play_whole_games(config: MobaConfig, num_envs: int, games: int, seed: int, replay: EarlyGameReplay | None = None,
+                     replay_every: int = 1) -> dict:
     """Scripted against random in ``num_envs`` copies until every copy has finished ``games`` games; env and bots
-    timed apart (see the module docstring)."""
+    timed apart (see the module docstring). ``replay`` steps once every ``replay_every`` steps, in the same minutes."""
     env = MobaEnv(config, num_envs)
     scripted_team = np.arange(num_envs) % 2
     scripted_agents = team_agents(env.spec, scripted_team)
@@ -94,11 +108,13 @@ def play_whole_games(config: MobaConfig, num_envs: int, games: int, seed: int) -
             bot_seconds[name] += time.perf_counter() - start
             for head, values in chosen.items():
                 actions[head] = np.where(agents, values, actions.get(head, 0))
-        hp0, alive0 = env.uf[:, H:, UHP].copy(), env.ui[:, H:, IALIVE] == 1
+        hp0, alive0 = non_hero_state(env)
         start = time.perf_counter()
         obs, events, dones, infos = env.step(actions)
         env_seconds += time.perf_counter() - start
         steps += 1
+        if replay is not None and steps % replay_every == 0:
+            replay.step()
         combat += int(took_damage(env, hp0, alive0, events, dones, infos["winner"]).sum())
         if dones.any():
             finished += dones
@@ -118,38 +134,61 @@ def play_whole_games(config: MobaConfig, num_envs: int, games: int, seed: int) -
             "bots": list(bots), "scripted_team": "copy % 2"}
 
 
-def replay_early_game(config: MobaConfig, num_envs: int, steps: int, warmup: int, seed: int) -> dict:
-    """The first ``REPLAYED_ACTIONS`` legal random actions of a game, replayed in a loop (the env plays those no
-    longer legal as noop): observations and masks built every step, no opponent's cost, no fighting."""
-    env = MobaEnv(config, num_envs)
-    bot = RandomBot(seed)
-    obs = env.reset(seed)
-    actions = []
-    for _ in range(REPLAYED_ACTIONS):
-        actions.append(bot.act(obs))
-        obs = env.step(actions[-1])[0]
-    for i in range(warmup):
-        env.step(actions[i % len(actions)])
-    start = time.perf_counter()
-    for i in range(steps):
-        env.step(actions[i % len(actions)])
-    elapsed = time.perf_counter() - start
-    agents = env.spec.num_agents
-    return {"agent_steps_per_s": steps * num_envs * agents / elapsed, "env_steps_per_s": steps * num_envs / elapsed,
-            "steps": steps, "replayed_actions": REPLAYED_ACTIONS}
+class EarlyGameReplay:
+    """The benchmark's earlier measure: the first ``REPLAYED_ACTIONS`` legal random actions of a game replayed in a
+    loop (the env plays those no longer legal as noop) for steps ``REPLAYED_ACTIONS + warmup`` to ``... + window`` of
+    the game, after which the copies start over (untimed). Observations and masks are built every step; no opponent's
+    cost, and the heroes do not fight. ``step`` plays and times one step; ``result`` gives the rates."""
+
+    def __init__(self, config: MobaConfig, num_envs: int, window: int, warmup: int, seed: int):
+        self.env = MobaEnv(config, num_envs)
+        self.window, self.warmup, self.seed = window, warmup, seed
+        self.steps, self.seconds, self.combat, self.episodes = 0, 0.0, 0, 0
+        self._start()
+
+    def _start(self) -> None:
+        bot = RandomBot(self.seed)
+        obs = self.env.reset(self.seed)
+        self.actions = []
+        for _ in range(REPLAYED_ACTIONS):
+            self.actions.append(bot.act(obs))
+            obs = self.env.step(self.actions[-1])[0]
+        for i in range(self.warmup):
+            self.env.step(self.actions[i % REPLAYED_ACTIONS])
+        self.in_window = 0
+
+    def step(self) -> None:
+        if self.in_window == self.window:
+            self._start()
+        hp0, alive0 = non_hero_state(self.env)
+        start = time.perf_counter()
+        _, events, dones, infos = self.env.step(self.actions[self.in_window % REPLAYED_ACTIONS])
+        self.seconds += time.perf_counter() - start
+        self.steps += 1
+        self.in_window += 1
+        self.combat += int(took_damage(self.env, hp0, alive0, events, dones, infos["winner"]).sum())
+        self.episodes += int(dones.sum())
+
+    def result(self) -> dict:
+        env_steps = self.steps * self.env.num_envs
+        return {"agent_steps_per_s": env_steps * self.env.spec.num_agents / self.seconds,
+                "env_steps_per_s": env_steps / self.seconds, "steps": self.steps, "window": self.window,
+                "replayed_actions": REPLAYED_ACTIONS, "episodes_finished": self.episodes,
+                "combat_step_share": self.combat / env_steps}
 
 
-def measure(config: MobaConfig, num_envs: int, games: int, replay_steps: int, warmup: int, seed: int) -> dict:
-    """Whole games and the early-game replay of one game variant, on the same number of copies."""
-    full = play_whole_games(config, num_envs, games, seed)
-    replay = replay_early_game(config, num_envs, replay_steps, warmup, seed)
+def measure(config: MobaConfig, num_envs: int, games: int, replay_every: int, replay_window: int, warmup: int,
+            seed: int) -> dict:
+    """Whole games and, interleaved with them on as many copies, the early-game replay of one game variant."""
+    replay = EarlyGameReplay(config, num_envs, replay_window, warmup, seed)
+    full = play_whole_games(config, num_envs, games, seed, replay, replay_every)
+    early = replay.result()
     return {**full, "num_envs": num_envs, "agents_per_env": config.spec().num_agents, "games_per_copy": games,
-            "early_game_replay": replay,
-            "full_games_vs_replay": full["agent_steps_per_s"] / replay["agent_steps_per_s"]}
+            "early_game_replay": early, "full_games_vs_replay": full["agent_steps_per_s"] / early["agent_steps_per_s"]}
 
 
 def check_arguments(args) -> None:
-    for name in ("copies_1v1", "copies_5v5", "games", "replay_steps"):
+    for name in ("copies_1v1", "copies_5v5", "games", "replay_every", "replay_window"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
@@ -161,6 +200,6 @@ def check_arguments(args) -> None:
 def run(args) -> dict:
     check_arguments(args)
     warm_up()  # compiled (or loaded from numba's cache) before any timing
-    return {name: measure(config, copies, args.games, args.replay_steps, args.warmup, args.seed)
+    return {name: measure(config, copies, args.games, args.replay_every, args.replay_window, args.warmup, args.seed)
             for name, config, copies in (("1v1", MobaConfig(), args.copies_1v1),
                                          ("5v5", MobaConfig.five_v_five(), args.copies_5v5))}
