@@ -86,7 +86,8 @@ def took_damage(env: MobaEnv, hp0: np.ndarray, alive0: np.ndarray, events: np.nd
 def play_whole_games(config: MobaConfig, num_envs: int, games: int, seed: int, replay: EarlyGameReplay | None = None,
                      replay_every: int = 1) -> dict:
     """Scripted against random in ``num_envs`` copies until every copy has finished ``games`` games; env and bots
-    timed apart (see the module docstring). ``replay`` steps once every ``replay_every`` steps, in the same minutes."""
+    timed apart (see the module docstring). ``replay`` steps after the first step and every ``replay_every`` steps
+    from there, in the same minutes."""
     env = MobaEnv(config, num_envs)
     scripted_team = np.arange(num_envs) % 2
     scripted_agents = team_agents(env.spec, scripted_team)
@@ -112,9 +113,9 @@ def play_whole_games(config: MobaConfig, num_envs: int, games: int, seed: int, r
         start = time.perf_counter()
         obs, events, dones, infos = env.step(actions)
         env_seconds += time.perf_counter() - start
-        steps += 1
         if replay is not None and steps % replay_every == 0:
             replay.step()
+        steps += 1
         combat += int(took_damage(env, hp0, alive0, events, dones, infos["winner"]).sum())
         if dones.any():
             finished += dones
@@ -138,7 +139,7 @@ class EarlyGameReplay:
     """The benchmark's earlier measure: the first ``REPLAYED_ACTIONS`` legal random actions of a game replayed in a
     loop (the env plays those no longer legal as noop) for steps ``REPLAYED_ACTIONS + warmup`` to ``... + window`` of
     the game, after which the copies start over (untimed). Observations and masks are built every step; no opponent's
-    cost, and the heroes do not fight. ``step`` plays and times one step; ``result`` gives the rates."""
+    cost, and the heroes mostly walk out of base. ``step`` plays and times one step; ``result`` gives the rates."""
 
     def __init__(self, config: MobaConfig, num_envs: int, window: int, warmup: int, seed: int):
         self.env = MobaEnv(config, num_envs)
