@@ -52,8 +52,9 @@ def test_random_bot_is_uniform_over_legal_actions():
     assert counts[[0, 2, 3]] == pytest.approx([1 / 3] * 3, abs=0.02)
 
 
-# SCRIPTED_VERSION 1's behaviour; a change on purpose needs a new version (docs/envs.md, "Scripted bot versions").
-SCRIPTED_FINGERPRINT = "848a08b9792b2f8db39f1336d72c64497cbde39423704a2f5c4d555428978672"
+# The behaviour of every SCRIPTED_VERSION: a change on purpose adds a version and its fingerprint here, never edits one
+# (docs/envs.md, "Scripted bot versions").
+SCRIPTED_FINGERPRINTS = {1: "848a08b9792b2f8db39f1336d72c64497cbde39423704a2f5c4d555428978672"}
 
 
 def _preset(name: str, **overrides) -> MobaConfig:
@@ -104,9 +105,9 @@ class _Recorder:
 def test_scripted_fingerprint():
     """Fixed-seed games of the scripted bot against random (on either side) and against itself, on the default maps
     and the small map of conf/env, 1v1 and 5v5, each copy's first game to its end: one SHA-256 of every step's
-    actions, every game's outcome and score, and every observation feature's sum (to 6 significant digits, far
-    coarser than rounding differences between machines). Any change of the bot, the rules, the maps or the
-    observations changes it."""
+    actions, every game's outcome and score, and every observation feature's sum (to 6 significant digits, so that
+    last-bit differences of floating point between machines do not show). Any change of the bot, the rules, the maps
+    or the observations changes it."""
     digest = hashlib.sha256()
     maps = {"default 1v1": _preset("moba_1v1"), "default 5v5": _preset("moba_5v5"),
             "small 1v1": _preset("moba_1v1_small"), "small 5v5": _preset("moba_1v1_small", team_size=5)}
@@ -123,7 +124,7 @@ def test_scripted_fingerprint():
         # and bases fall. An end is (copy, winner, length, then kills, deaths, last hits, gold of team 0 and team 1).
         ends = np.array(ends)
         assert ends[:, [3, 7]].sum() > 0 and ends[:, [5, 9]].sum() > 0 and (ends[:, 1] >= 0).any(), (name, ends)
-    assert digest.hexdigest() == SCRIPTED_FINGERPRINT
+    assert digest.hexdigest() == SCRIPTED_FINGERPRINTS[SCRIPTED_VERSION]
 
 
 def test_scripted_identity_covers_the_rules_it_plays_under():
