@@ -3,8 +3,12 @@
 Both see exactly what a learner sees (the observation dict with fog of war and masks) and act for every agent of every
 copy at once, with numpy (no per-copy loop); both are actors (``hpc_rl.actors.Actor``) without memory. The scripted
 bot is a fixed reference that later results are measured against: its behaviour is frozen, ``SCRIPTED_VERSION``
-names it, and ``scripted_bot_hash()`` (SHA-256 of this file's source and the parameters) is recorded with every
-evaluation so that two results are comparable only if it matches.
+names it, and ``scripted_bot_hash()`` is recorded with every evaluation so that two results are comparable only if it
+matches. The hash covers what the bot's strength depends on: this file, the game's rules, map layout and observations
+(``SCRIPTED_SOURCES``: ``moba.py``, ``moba_config.py``, ``api.py``), the version and the parameters; a run's map
+settings (``MobaConfig``) are recorded with its configuration. ``test_scripted_fingerprint`` (in
+``tests/test_envs_scripted.py``) pins the behaviour itself: changing it on purpose means a new ``SCRIPTED_VERSION``
+(docs/envs.md, "Scripted bot versions").
 
 The scripted heuristic, in priority order for each hero:
 
@@ -35,7 +39,11 @@ from hpc_rl.envs.moba import (A_ATTACK, A_MOVE, A_NOOP, A_SKILL, FOUNTAIN_RADIUS
                               UNIT_STATS, MobaConfig, MobaEnv)
 from hpc_rl.play import play, team_agents
 
-SCRIPTED_VERSION = 1
+SCRIPTED_VERSION = 1  # a new one for every change of behaviour on purpose: docs/envs.md, "Scripted bot versions"
+_ENVS = Path(__file__).resolve().parent
+# The files the bot's behaviour and strength depend on: the bot, the rules and map layout (moba.py), the settings and
+# event columns (moba_config.py), the observation layout (api.py).
+SCRIPTED_SOURCES = (_ENVS / "scripted.py", _ENVS / "moba.py", _ENVS / "moba_config.py", _ENVS / "api.py")
 
 
 @dataclass(frozen=True)
@@ -57,11 +65,19 @@ class ScriptedParams:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
-def scripted_bot_hash(params: ScriptedParams = ScriptedParams()) -> str:
-    """SHA-256 of this module's source, the version and the parameters: the identity of the reference opponent."""
-    digest = hashlib.sha256(Path(__file__).read_bytes())
+def bot_digest(sources: dict[str, bytes], params: ScriptedParams = ScriptedParams()) -> str:
+    """SHA-256 of the named source texts (in name order), the version and the parameters."""
+    digest = hashlib.sha256()
+    for name in sorted(sources):
+        digest.update(f"{name} {len(sources[name])}\n".encode())
+        digest.update(sources[name])
     digest.update(json.dumps({"version": SCRIPTED_VERSION, **asdict(params)}, sort_keys=True).encode())
     return digest.hexdigest()
+
+
+def scripted_bot_hash(params: ScriptedParams = ScriptedParams()) -> str:
+    """The identity of the reference opponent: ``bot_digest`` of ``SCRIPTED_SOURCES`` as they are on disk."""
+    return bot_digest({path.name: path.read_bytes() for path in SCRIPTED_SOURCES}, params)
 
 
 def _uniform_choice(mask: np.ndarray, rng: np.random.Generator) -> np.ndarray:
