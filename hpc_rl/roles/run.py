@@ -3,10 +3,10 @@
     run(config)   # every rank of the job calls this; the topology says what each rank does
 
 Start-up (collective): check the world size against the topology, resolve the run directory and the checkpoint to
-resume from (controller), probe the transport, create the channels (every learner's ring, the parameter channel,
-the step exchange). Shut-down: every rank enters a non-blocking barrier once it has stopped producing; learners keep
-draining their rings until every rank is there, so no writer stays blocked on a full ring; then the channels are
-closed in the same order everywhere.
+resume from (controller), connect every rank's lifeline to the controller, probe the transport, create the channels
+(every learner's ring, the parameter channel, the step exchange). Shut-down: every rank enters a non-blocking
+barrier once it has stopped producing; learners keep draining their rings until every rank is there, so no writer
+stays blocked on a full ring; then the channels are closed in the same order everywhere, and the lifelines last.
 """
 
 from __future__ import annotations
