@@ -270,15 +270,18 @@ class Controller:
                                       "hung or stopped")
 
     def _abort_for(self, rank: int, what: str) -> NoReturn:
-        """A rank is dead or hung: write the metrics logged so far (the checkpoints are committed already), then
-        end the job naming the rank, its role and the checkpoint a resume starts from."""
-        try:
-            self.metrics.flush()
-        except MetricsWriteError as err:  # the rank's fate is the message; the full filesystem goes to the log
-            log.error("%s", err)
+        """A rank is dead or hung: end the job naming the rank, its role and the checkpoint a resume starts from,
+        after writing the metrics logged so far (the checkpoints are committed already)."""
+
+        def write_metrics() -> None:
+            try:
+                self.metrics.flush()
+            except MetricsWriteError as err:  # the rank's fate is the message; the full filesystem goes to the log
+                log.error("%s", err)
+
         committed = f"version {self.committed}" if self.committed >= 0 else "none"
         self.control.abort(f"rank {rank} ({self.topology.role_map()[rank]}) {what}; aborting the job. Last committed "
-                           f"checkpoint: {committed}.")
+                           f"checkpoint: {committed}.", last=write_metrics)
 
     def _maybe_stop(self) -> None:
         if self.stop_sent:
