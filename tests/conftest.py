@@ -1,11 +1,13 @@
-"""Shared fixtures: launching real MPI jobs under a timeout, the local Slurm cluster, a small tmpfs."""
+"""Shared fixtures: launching real MPI jobs under a timeout, the local Slurm cluster, a small tmpfs; and the rule
+on skips: a test is skipped only for an absence listed in ABSENCES, any other skip fails the session."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
-import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -13,6 +15,78 @@ from hpc_rl.launch import mpirun_command, rank_env
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# The only reasons a test may be skipped: the machine lacks something that no install provides. Every package the
+# tests import is installed by `make setup` (and environment.yml), so a test imports it plainly and fails without
+# it; a Slurm cluster that does not come up is a failure too. Any other skip (pytest.skip, importorskip, a skip
+# marker) fails the session, listed in its report. A new kind is added here with the tests that need it.
+ABSENCES = {
+    "root": "root privileges: mounting a tmpfs, starting munged and slurmd, making network namespaces",
+}
+CI_PROVIDES = {"root"}  # the CI machine (.ci/run) runs as root: there these absences fail instead
+_ABSENT = re.compile(r"absent (\w+): ")
+
+
+def skip_absent(kind: str, reason: str) -> NoReturn:
+    """Skip the running test because this machine lacks ``kind`` (a key of ABSENCES); ``reason`` says what needs
+    it. In CI, an absence of what CI provides fails the test instead."""
+    if kind not in ABSENCES:
+        raise ValueError(f"{kind!r} is not an absence a test may be skipped for (tests/conftest.py ABSENCES: "
+                         f"{', '.join(sorted(ABSENCES))})")
+    if IN_CI and kind in CI_PROVIDES:
+        pytest.fail(f"{reason}, and CI (CI=true) runs with {kind}")
+    pytest.skip(f"absent {kind}: {reason}")
+
+
+@pytest.fixture(scope="session")
+def absent():
+    """``absent(kind, reason)`` skips the test for a listed absence (see ``skip_absent``)."""
+    return skip_absent
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+class SkipRule:
+    """Fails the session when a test or a module was skipped for anything but an absence in ABSENCES, and lists
+    them: such a skip hides a missing install or a broken test behind a green run."""
+
+    def __init__(self):
+        self.refused: list[tuple[str, str]] = []
+
+    def _check(self, report: pytest.TestReport | pytest.CollectReport) -> None:
+        if not report.skipped or hasattr(report, "wasxfail"):
+            return
+        reason = _skip_reason(report)
+        allowed = _ABSENT.match(reason)
+        if allowed is None or allowed[1] not in ABSENCES:
+            self.refused.append((report.nodeid, reason))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._check(report)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self._check(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.refused and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.refused:
+            return
+        terminalreporter.section("skips that fail the session", red=True)
+        for nodeid, reason in self.refused:
+            terminalreporter.line(f"{nodeid}: {reason}")
+        terminalreporter.line(f"A test may be skipped only for an absence in tests/conftest.py ABSENCES "
+                              f"({', '.join(sorted(ABSENCES))}), through skip_absent or the `absent` fixture.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SkipRule(), "hpc_rl_skip_rule")
 
 
 def run_mpi(num_ranks: int, argv: list[str], timeout: float, env: dict | None = None, cwd: str | Path | None = None,
@@ -42,15 +116,19 @@ def mpi():
 @pytest.fixture
 def tiny_tmpfs():
     """``tiny_tmpfs(directory, size)`` mounts a tmpfs of ``size`` (e.g. "1m") at ``directory``: a real filesystem
-    that fills up (ENOSPC). Unmounted after the test; where mounting is not allowed (not root) the test is skipped."""
+    that fills up (ENOSPC). Unmounted after the test. Without root the test is skipped; a mount that fails as root
+    fails it."""
     mounted: list[Path] = []
 
     def mount(directory: str | Path, size: str) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-                                               capture_output=True).returncode != 0:
-            pytest.skip("mounting a tmpfs needs root")
+        if os.geteuid() != 0:
+            skip_absent("root", "mounting a tmpfs needs root")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.fail(f"mount -t tmpfs at {directory} failed as root ({done.returncode}): {done.stderr.strip()}")
         mounted.append(directory)
         return directory
 
@@ -63,23 +141,16 @@ def tiny_tmpfs():
 def slurm_cluster():
     """The local single-node Slurm cluster, brought up once per session.
 
-    Outside CI a machine where it cannot be brought up (not root, no Slurm) skips the tests that need it, saying
-    why; in CI (CI=true) that is a failure, so a broken cluster never passes silently.
+    Without root the tests that need it are skipped, saying why (in CI that is a failure); a cluster that does not
+    come up fails them, so a broken cluster never passes silently.
     """
     script = ROOT / "slurm" / "local_cluster.sh"
-    reason = None
     was_running = subprocess.run(["bash", str(script), "status"], capture_output=True).returncode == 0
     if os.geteuid() != 0:
-        reason = "the local Slurm cluster needs root (munged and slurmd run as root/munge)"
-    else:
-        up = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, timeout=120)
-        if up.returncode != 0:
-            reason = f"slurm/local_cluster.sh up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}"
-    if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        print(f"\nSKIP slurm tests: {reason}", file=sys.stderr)
-        pytest.skip(reason)
+        skip_absent("root", "the local Slurm cluster needs root (munged and slurmd run as root/munge)")
+    up = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, timeout=120)
+    if up.returncode != 0:
+        pytest.fail(f"slurm/local_cluster.sh up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}")
     yield script
     if not was_running:  # leave the machine as the session found it
         subprocess.run(["bash", str(script), "down"], capture_output=True, timeout=60)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -123,12 +124,21 @@ def test_every_segment_produced_is_consumed_exactly_once_or_left_at_stop(tmp_pat
     assert run.meta["transport"]["backend"] in ("rma", "twosided")
 
 
+def _versions_printed(output: str) -> list[int]:
+    """The versions of the controller's progress lines ("v   12  env ...")."""
+    return [int(m[1]) for m in re.finditer(r"^v\s*(\d+)\s+env ", output, re.MULTILINE)]
+
+
 def _failure(launcher: str, tmp_path: Path, what: str) -> None:
+    """Kill an env rank or stop the inference rank of a running job: the job ends soon, saying which rank and role,
+    and what it leaves (the latest checkpoint, the metrics up to the failure) reads back."""
     name = f"{what}_{launcher}"
-    job = Job(_train_cmd(launcher, tmp_path, name, ["pipeline.max_versions=100000", "pipeline.heartbeat_timeout_s=15"]),
-              tmp_path)
-    job.wait_for("v    2", timeout=240)
+    job = Job(_train_cmd(launcher, tmp_path, name, ["pipeline.max_versions=100000", "pipeline.heartbeat_timeout_s=15",
+                                                    "pipeline.checkpoint_every=2"]), tmp_path)
+    # Learner 0 sends version 2's checkpoint before version 3's metrics: once v3 is printed, v2 is committed.
+    job.wait_for("v    3", timeout=240)
     run_dir = tmp_path / name
+    seen = max(_versions_printed(job.output))
     if what == "kill_env":
         os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
     else:
@@ -139,9 +149,18 @@ def _failure(launcher: str, tmp_path: Path, what: str) -> None:
     elapsed = time.monotonic() - start
     if what == "stop_inference":
         os.kill(pid, signal.SIGKILL) if Path(f"/proc/{pid}").exists() else None
-        assert "rank 3 (inference[0]) has sent nothing" in job.output, job.output
     assert code != 0
     assert elapsed < 60, f"the job took {elapsed:.0f}s to end"
+    named = "rank 1 (env[0]) died" if what == "kill_env" else "rank 3 (inference[0]) has sent nothing"
+    assert named in job.output, job.output
+    said = re.search(r"Last committed checkpoint: version (\d+)", job.output)
+    assert said, job.output
+    run = open_run(run_dir)
+    latest = run.load_checkpoint()  # verified against its digest
+    assert latest.version == int(said[1]) and latest.version >= 2, said[0]
+    assert all(np.all(np.isfinite(p)) for p in latest.sections["params"].values())
+    rows = run.metrics["train/policy_loss"]["version"].tolist()
+    assert rows == list(range(1, len(rows) + 1)) and rows[-1] >= max(seen, latest.version), (rows, seen)
 
 
 @pytest.mark.parametrize("what", ["kill_env", "stop_inference"])

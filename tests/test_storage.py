@@ -291,16 +291,45 @@ def test_meta_json_records_git_slurm_and_fields(tmp_path, monkeypatch):
     assert len(meta["git_sha"]) == 40 and isinstance(meta["git_dirty"], bool)
 
 
+# What a writer killed after each line of tests/programs/commit_forever.py was doing: the work that follows the point
+# that line reports, inside a commit; after "stage V committed", "committed V" or "pruned V" it was between commits.
+_WORK_AFTER = {"begin": "building the image", "image_built": "writing the temporary file",
+               "tmp_written": "fsync of the temporary file", "tmp_synced": "renaming it to its name",
+               "replaced": "fsync of the directory", "dir_synced": "writing latest's temporary file",
+               "latest_tmp_written": "renaming latest", "latest_replaced": "fsync of the directory after latest"}
+_BETWEEN = "between commits"
+
+
+def _kill_landed(last_line: str) -> tuple[str, int]:
+    """Where a kill landed, from the last line the writer printed, and the version that line names."""
+    word, version, *stage = last_line.split()
+    point = "begin" if word == "begin" else stage[0] if word == "stage" else None
+    return _WORK_AFTER.get(point, _BETWEEN), int(version)
+
+
 def test_sigkill_at_random_moments_never_loses_more_than_the_version_in_flight(tmp_path):
     rng = np.random.default_rng(7)
     certain = 0
+    landed: list[str] = []
     for _ in range(20):
         proc = subprocess.Popen([sys.executable, str(ROOT / "tests/programs/commit_forever.py"), str(tmp_path)],
                                 stdout=subprocess.PIPE, text=True)
-        lines = []
-        # Let it commit at least once, then kill it at a random moment of a later commit.
-        lines.append(proc.stdout.readline())
-        time.sleep(rng.uniform(0.0, 0.3))
+        lines: list[str] = []
+
+        def read_until(word: str) -> None:
+            while not (lines and lines[-1].startswith(word)):
+                line = proc.stdout.readline()
+                assert line, f"the writer ended (exit {proc.wait()}) after {lines}"
+                lines.append(line.strip())
+
+        # Let it commit at least once, timing that commit; then kill it after a random delay from the beginning of
+        # the next commit, up to 1.5 times that long: most kills land inside a commit, some after it.
+        read_until("begin")
+        begun = time.monotonic()
+        read_until("committed")
+        took = time.monotonic() - begun
+        read_until("begin")
+        time.sleep(rng.uniform(0.0, 1.5 * took))
         proc.kill()
         out, _ = proc.communicate()
         lines += out.splitlines()
@@ -310,7 +339,19 @@ def test_sigkill_at_random_moments_never_loses_more_than_the_version_in_flight(t
         ckpt = load_latest(tmp_path, config_hash="cfg")
         assert certain <= ckpt.version <= certain + 1  # at most the version being written is lost
         assert np.all(ckpt.sections["params"]["w"] == ckpt.version)
+        # `latest` names the version of the last line once that commit renamed it, the version before until then.
+        where, version = _kill_landed(lines[-1])
+        if where == "renaming latest":
+            assert ckpt.version in (version - 1, version)
+        elif where in (_BETWEEN, "fsync of the directory after latest"):
+            assert ckpt.version == version, where
+        else:
+            assert ckpt.version == version - 1, where
+        landed.append(where)
         certain = ckpt.version
+    tally = {where: landed.count(where) for where in (_BETWEEN, *_WORK_AFTER.values()) if where in landed}
+    print(f"where the {len(landed)} kills landed: {tally}")
+    assert len(landed) - landed.count(_BETWEEN) >= len(landed) / 4, f"too few kills inside a commit: {tally}"
 
 
 def test_pool_file_round_trips_and_is_replaced_whole(tmp_path):

@@ -7,12 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
 from hpc_rl.storage import MetricsWriter, read_metrics
 from hpc_rl.storage import tensorboard as tb
-
-pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

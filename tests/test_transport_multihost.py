@@ -6,9 +6,10 @@ bridge, as between real nodes. Jobs go through ``sbatch`` and ``srun --mpi=pmix`
 goes through ``mpirun`` with the script's ``on`` command standing in for ssh. Debian's Open MPI cannot create
 windows across hosts as configured (``osc = ^ucx,pt2pt``): the probe must see that and fall back to two-sided,
 or, given osc/pt2pt at a serialized thread level and ``require_passive_progress=False``, run the RMA protocol over
-TCP; either way the choice must land in the run's meta.json. Outside CI, where the namespaces cannot be made (not
-root, no ``ip``), these tests skip with the reason; in CI (CI=true) that is a failure. The cluster is torn down
-after the module when it brought it up, and the teardown checks nothing of it is left.
+TCP; either way the choice must land in the run's meta.json. Without root (namespaces, mounts, slurmd) these tests
+skip with the reason (in CI, which runs as root, that is a failure); a missing tool or a cluster that does not come
+up fails them. The cluster is torn down after the module when it brought it up, and the teardown checks nothing of
+it is left.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from hpc_rl.storage.run import open_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "slurm" / "local_cluster.sh"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 pytestmark = [pytest.mark.mpi, pytest.mark.slurm, pytest.mark.slow]
 
 MH_STATE = Path("/var/lib/hpc_rl_slurm_mh")  # as in slurm/local_cluster.sh
@@ -153,26 +153,20 @@ def _lock_session() -> int:
 
 
 @pytest.fixture(scope="module")
-def hosts():
-    reason = None
+def hosts(absent):
     if os.geteuid() != 0:
-        reason = "emulating hosts needs root (network namespaces, mounts, slurmd)"
-    elif not all(shutil.which(tool) for tool in ("ip", "unshare", "nsenter", "slurmctld", "sbatch")):
-        reason = "emulating hosts needs ip, unshare, nsenter and Slurm (make setup)"
-    if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
+        absent("root", "emulating hosts needs root (network namespaces, mounts, slurmd)")
+    missing = [tool for tool in ("ip", "unshare", "nsenter", "slurmctld", "sbatch") if not shutil.which(tool)]
+    if missing:
+        pytest.fail(f"emulating hosts needs {', '.join(missing)}, which make setup installs")
     lock = _lock_session()
     was_running = _cluster("status", "--hosts", str(len(HOSTS))).returncode == 0
     up = _cluster("up", "--hosts", str(len(HOSTS)))
     if up.returncode != 0:
         _cluster("down", "--hosts", str(len(HOSTS)))
         os.close(lock)
-        reason = f"slurm/local_cluster.sh up --hosts {len(HOSTS)} failed ({up.returncode}):\n{up.stdout}\n{up.stderr}"
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
+        pytest.fail(f"slurm/local_cluster.sh up --hosts {len(HOSTS)} failed ({up.returncode}):\n{up.stdout}\n"
+                    f"{up.stderr}")
     workdir = Path(tempfile.mkdtemp(prefix="hpc_rl_multihost_", dir="/var/tmp"))
     try:
         yield SlurmHosts(workdir)

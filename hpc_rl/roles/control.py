@@ -13,6 +13,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from hpc_rl.roles.protocol import CONTROLLER, TAG_HEARTBEAT
@@ -46,8 +47,10 @@ class ControlEndpoint(ABC):
         """Complete every send."""
 
     @abstractmethod
-    def abort(self, message: str) -> NoReturn:
-        """End the whole run, naming why: under MPI a rank that only raised could leave its peers waiting."""
+    def abort(self, message: str, last: Callable[[], None] = lambda: None) -> NoReturn:
+        """End the whole run, naming why: under MPI a rank that only raised could leave its peers waiting. ``last``
+        runs once the message is out and before the run ends (writing what can still be written): a launcher may
+        kill the job at any moment, and the message is what the user needs first."""
 
 
 class MpiControl(ControlEndpoint):
@@ -79,9 +82,10 @@ class MpiControl(ControlEndpoint):
         self._mpi.Request.Waitall(self._pending)
         self._pending = []
 
-    def abort(self, message: str) -> NoReturn:
-        log.error(message)
+    def abort(self, message: str, last: Callable[[], None] = lambda: None) -> NoReturn:
         print(message, file=sys.stderr, flush=True)
+        log.error(message)
+        last()
         self._mpi.COMM_WORLD.Abort(1)
         raise AssertionError("unreachable: MPI_Abort returned")
 
@@ -124,8 +128,9 @@ class LocalControl(ControlEndpoint):
     def flush(self) -> None:
         """Nothing in flight: a local send is delivered when it returns."""
 
-    def abort(self, message: str) -> NoReturn:
+    def abort(self, message: str, last: Callable[[], None] = lambda: None) -> NoReturn:
         log.error(message)
+        last()
         raise RunAborted(message)
 
 

@@ -7,8 +7,10 @@ Only the controller writes files (``config.yaml``, ``meta.json``, ``metrics.h5``
 prints one progress line per published version. It keeps the opponent pool: every checkpoint retention keeps for
 good (each ``keep_every``-th version) enters it; inference ranks report their games against past versions, the
 controller lowers the beaten versions' qualities and sends the pool back to them. It keeps the evaluator ranks'
-TrueSkill table (``ratings.json``) and writes their ratings to ``metrics.h5``. A rank silent for
-``heartbeat_timeout_s`` is named in the log and the job aborted: a hung rank must not hold an allocation forever.
+TrueSkill table (``ratings.json``) and writes their ratings to ``metrics.h5``. A rank whose process ended (its
+lifeline closed, see ``lifeline.py``) or that was silent for ``heartbeat_timeout_s`` is named, by number and role, on
+stderr and in the log, the metrics so far are written, and the job aborted: a dead or hung rank must not hold an
+allocation forever, and the user must learn which one it was.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -28,6 +31,7 @@ from hpc_rl.league.pool import OpponentPool
 from hpc_rl.league.tournament import RatingBook, rating_line
 from hpc_rl.roles.common import Backoff, StopFlag
 from hpc_rl.roles.control import ControlEndpoint
+from hpc_rl.roles.lifeline import Lifelines
 from hpc_rl.roles.protocol import (TAG_ACCOUNTING, TAG_CHECKPOINT, TAG_DONE, TAG_EVALUATION, TAG_HALT, TAG_HEARTBEAT,
                                    TAG_METRICS, TAG_POOL, TAG_POOL_RESULT, TAG_STOP)
 from hpc_rl.slurm import RequeueError, requeue, slurm_job_id
@@ -64,11 +68,13 @@ def open_run_dir(config: TrainConfig, overrides: tuple[str, ...] = ()) -> Checkp
 
 class Controller:
     def __init__(self, config: TrainConfig, topology: Topology, control: ControlEndpoint, run_dir: Path,
-                 resume_version: int, stop_flag: StopFlag | None):
-        """``stop_flag``: the signals that ask for a stop (None: none are watched, as in a run in one process)."""
+                 resume_version: int, stop_flag: StopFlag | None, lifelines: Lifelines | None = None):
+        """``stop_flag``: the signals that ask for a stop (None: none are watched, as in a run in one process);
+        ``lifelines``: the other ranks' connections, closed when their process ends (None in one process)."""
         self.config, self.topology, self.control, self.run_dir = config, topology, control, run_dir
         self.layout = RunLayout(run_dir)
         self.stop_flag = stop_flag
+        self.lifelines = lifelines
         # The caller holds the run lock: a metrics.h5 a crashed job left open is recovered.
         self.metrics = MetricsWriter(self.layout.metrics, resume_version=resume_version if resume_version >= 0
                                      else None, recover=True)
@@ -254,13 +260,28 @@ class Controller:
 
     # --- decisions --------------------------------------------------------------------------------------
     def _watch(self) -> None:
+        for rank in self.lifelines.ended() if self.lifelines is not None else ():
+            self._abort_for(rank, "died: its process ended (killed by a signal, out of memory or crashed)")
         now = time.monotonic()
         limit = self.config.pipeline.heartbeat_timeout_s
         for rank, seen in self.last_seen.items():
             if now - seen > limit:
-                role = self.topology.role_map()[rank]
-                self.control.abort(f"rank {rank} ({role}) has sent nothing for {now - seen:.0f} s "
-                                   f"(heartbeat_timeout_s={limit}): it is hung or stopped; aborting the job")
+                self._abort_for(rank, f"has sent nothing for {now - seen:.0f} s (heartbeat_timeout_s={limit}): it is "
+                                      "hung or stopped")
+
+    def _abort_for(self, rank: int, what: str) -> NoReturn:
+        """A rank is dead or hung: end the job naming the rank, its role and the checkpoint a resume starts from,
+        after writing the metrics logged so far (the checkpoints are committed already)."""
+
+        def write_metrics() -> None:
+            try:
+                self.metrics.flush()
+            except MetricsWriteError as err:  # the rank's fate is the message; the full filesystem goes to the log
+                log.error("%s", err)
+
+        committed = f"version {self.committed}" if self.committed >= 0 else "none"
+        self.control.abort(f"rank {rank} ({self.topology.role_map()[rank]}) {what}; aborting the job. Last committed "
+                           f"checkpoint: {committed}.", last=write_metrics)
 
     def _maybe_stop(self) -> None:
         if self.stop_sent:
@@ -308,8 +329,9 @@ class Controller:
 
     def _step(self) -> bool:
         self.service()
-        self._maybe_stop()
+        # A rank's death comes first: the launcher's TERM to every other rank follows it, and is not a user's stop.
         self._watch()
+        self._maybe_stop()
         if self.learners_done is not None and not self.stopped_envs:
             for rank in self.topology.ranks(Role.ENV):
                 self.control.send(True, rank, TAG_STOP)

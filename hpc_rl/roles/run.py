@@ -3,10 +3,10 @@
     run(config)   # every rank of the job calls this; the topology says what each rank does
 
 Start-up (collective): check the world size against the topology, resolve the run directory and the checkpoint to
-resume from (controller), probe the transport, create the channels (every learner's ring, the parameter channel,
-the step exchange). Shut-down: every rank enters a non-blocking barrier once it has stopped producing; learners keep
-draining their rings until every rank is there, so no writer stays blocked on a full ring; then the channels are
-closed in the same order everywhere.
+resume from (controller), connect every rank's lifeline to the controller, probe the transport, create the channels
+(every learner's ring, the parameter channel, the step exchange). Shut-down: every rank enters a non-blocking
+barrier once it has stopped producing; learners keep draining their rings until every rank is there, so no writer
+stays blocked on a full ring; then the channels are closed in the same order everywhere, and the lifelines last.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from hpc_rl.roles.common import Backoff, StopFlag, open_channels, setup_logging
 from hpc_rl.roles.control import ControlLink, MpiControl
 from hpc_rl.roles.controller import Controller, open_run_dir
 from hpc_rl.roles.env_worker import EnvWorker
+from hpc_rl.roles.lifeline import Lifelines, hold_lifeline
 from hpc_rl.roles.protocol import CONTROLLER, TAG_ACCOUNTING, TAG_RESUME
 from hpc_rl.slurm import RequeueError
 from hpc_rl.storage import write_meta
@@ -90,6 +91,10 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
         log = setup_logging(run_dir, rank, "controller")
         resume = open_run_dir(config, overrides)
     resume_version = comm.bcast(resume.version if resume is not None else -1, root=CONTROLLER)
+    # Every rank holds a connection to the controller until the end, so that a rank's death is named at once.
+    lifelines = Lifelines(comm.Get_size()) if rank == CONTROLLER else None
+    address, token = comm.bcast((lifelines.address, lifelines.token) if lifelines else None, root=CONTROLLER)
+    lifeline = hold_lifeline(address, token, rank) if rank != CONTROLLER else None
     learner_ranks = topology.ranks(Role.LEARNER)
     if rank == CONTROLLER and resume is not None:
         for r in learner_ranks:
@@ -111,7 +116,7 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     if placement.role is Role.CONTROLLER:
         write_meta(run_dir, world_size=comm.Get_size(), roles=topology.role_map(), transport=transport.meta(),
                    config_hash=config.config_hash(), resumed_from=resume_version)
-        controller = Controller(config, topology, endpoint, run_dir, resume_version, stop_flag)
+        controller = Controller(config, topology, endpoint, run_dir, resume_version, stop_flag, lifelines)
         result = controller.run()
     elif placement.role is Role.ENV:
         EnvWorker(config, rank, placement.index, channels.steps, link, max(resume_version, 0)).run()
@@ -173,6 +178,11 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     if learner_comm != MPI.COMM_NULL:
         learner_comm.Free()
     control.Free()
+    # Past the last barrier the controller no longer watches: ranks may end now.
+    if lifeline is not None:
+        lifeline.close()
+    if lifelines is not None:
+        lifelines.close()
     log.info("rank %d finished", rank)
     if placement.role is Role.CONTROLLER:
         controller.requeue()

@@ -59,8 +59,8 @@ _PARSE_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError)
 log = logging.getLogger(__name__)
 
 # The stages of a commit, in order; ``on_stage`` is called as each is reached (tests kill the writer there).
-COMMIT_STAGES = ("tmp_written", "tmp_synced", "replaced", "dir_synced", "latest_tmp_written", "latest_replaced",
-                 "committed")
+COMMIT_STAGES = ("image_built", "tmp_written", "tmp_synced", "replaced", "dir_synced", "latest_tmp_written",
+                 "latest_replaced", "committed")
 
 
 class CheckpointError(Exception):
@@ -180,6 +180,7 @@ def commit_checkpoint(directory: str | Path, version: int, sections: dict[str, A
         f.attrs["content_hash"] = _content_hash(f)
 
     image = hdf5_image(fill, userblock=HEADER_BYTES)
+    stage("image_built")
     payload = image[HEADER_BYTES:]
     tmp = directory / f".{final.name}.{os.getpid()}.tmp"
     try:
