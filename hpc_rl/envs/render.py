@@ -115,8 +115,8 @@ def save_gif(frames: Sequence[Image.Image], path: Path, frame_ms: int = 80, last
     images = [f.quantize(palette=palette, dither=Image.Dither.NONE) for f in frames]
     durations = [frame_ms] * (len(images) - 1) + [last_ms]
     path.parent.mkdir(parents=True, exist_ok=True)
-    images[0].save(path, save_all=True, append_images=images[1:], duration=durations, loop=0, optimize=False,
-                   comment=comment)
+    images[0].save(path, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0,
+                   optimize=False, comment=comment)
     return path
 
 
