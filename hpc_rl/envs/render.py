@@ -18,14 +18,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from hpc_rl.actors import Actor
 from hpc_rl.envs.moba import HERO_TYPES, IALIVE, ISUB, ITEAM, UHP, UMAXHP, UVISION, UX, UY, MobaConfig, MobaEnv
 from hpc_rl.envs.scripted import make_bot
 from hpc_rl.play import NOT_FINISHED, Games, play, team_agents
+
+if TYPE_CHECKING:
+    from hpc_rl.actors import Actor  # imports torch, which bot games do without
 
 TEAM_COLOURS = ((60, 110, 230), (220, 60, 50))
 BACKGROUND = (70, 120, 60)
