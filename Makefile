@@ -9,7 +9,7 @@ export OMP_NUM_THREADS := 1
 
 help:
 	@echo "make setup      install Open MPI, Slurm, munge, the .venv (torch CPU, mpi4py, h5py, hydra, submitit) and Horovod"
-	@echo "make train      setup + a small real training job on the embedded default environment"
+	@echo "make train      setup + a small real training job on the embedded default environment, then its replay.gif"
 	@echo "make test       setup + the test suite (real MPI ranks, real Horovod, the local Slurm cluster)"
 	@echo "make test-fast  the tests not marked slow, slurm or mpi"
 	@echo "make bench      setup + every benchmark, one JSON line each (BENCHES=\"$(BENCHES)\")"
@@ -26,11 +26,18 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -ra -m "not slow and not slurm and not mpi" $(PYTEST_ARGS) tests
 
-# The default local job: 6 ranks (1 controller, 2 env, 1 inference, 2 learners) on MOBA 1v1 for at most 10 minutes.
+# The default local job: 6 ranks (1 controller, 2 env, 1 inference, 2 learners) on MOBA 1v1 for at most 10 minutes,
+# then a replay of its latest checkpoint against the scripted bot in $(RUNS_DIR)/$(RUN)/replay.gif (MOBA runs only: the
+# leading '-' lets a Gymnasium run, which has no replay, end the target without failing it).
 TRAIN_RANKS ?= 6
 TRAIN_ARGS ?= pipeline.max_versions=500 pipeline.max_seconds=600
+RUNS_DIR ?= runs
+# The run's name (RUN=<name> names it, or resumes that run), expanded once so that both commands name the same run.
+RUN ?= local-$(shell date +%Y%m%d-%H%M%S)
+RUN := $(RUN)
 train: setup
-	$(PY) -m hpc_rl.launch $(TRAIN_RANKS) jobs/train.py run_name=local-$$(date +%Y%m%d-%H%M%S) $(TRAIN_ARGS)
+	$(PY) -m hpc_rl.launch $(TRAIN_RANKS) jobs/train.py run_name=$(RUN) runs_dir=$(RUNS_DIR) $(TRAIN_ARGS)
+	-$(PY) -m hpc_rl.envs.render --run $(RUNS_DIR)/$(RUN)
 
 bench: setup
 	@for b in $(BENCHES); do echo "== $$b"; $(PY) -m hpc_rl.bench $$b --json || exit 1; done

@@ -24,7 +24,6 @@ from hpc_rl.model.tree import to_torch_tree
 from hpc_rl.play import play, team_agents
 from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import Checkpoint, open_run
-from hpc_rl.storage.layout import RunLayout
 
 Player = Policy | str  # a policy, or the name of a reference bot ("random", "scripted")
 
@@ -39,7 +38,13 @@ def policy_from_checkpoint(ckpt: Checkpoint, config: TrainConfig) -> Policy:
 def load_policy(run_dir: str | Path, version: int | None = None) -> tuple[Policy, TrainConfig, int]:
     """The policy of a run's checkpoint (latest good one by default), its config and its version."""
     run = open_run(run_dir)
-    config = build_config(yaml.safe_load(RunLayout(run_dir).config.read_text()))
+    if not run.layout.config.exists():
+        raise FileNotFoundError(f"{run_dir} has no {run.layout.config.name}: not a training run's directory")
+    config = build_config(yaml.safe_load(run.layout.config.read_text()))
+    if version is not None and version not in (committed := run.checkpoint_versions):
+        shown = committed if len(committed) <= 6 else [*committed[:3], "...", *committed[-3:]]
+        raise FileNotFoundError(f"{run_dir} has no checkpoint of version {version} (committed: "
+                                f"{', '.join(map(str, shown)) or 'none'})")
     ckpt = run.load_checkpoint(version)
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint")
@@ -54,7 +59,7 @@ def evaluate_return(policy: Policy, env: VecEnv, seed: int, deterministic: bool 
     return games.returns[:, list(env.spec.learning_agents or range(env.spec.num_agents))].ravel()
 
 
-def _actor(player: Player, agents: np.ndarray, config: TrainConfig, seed: int, deterministic: bool) -> Actor:
+def player_actor(player: Player, agents: np.ndarray, config: TrainConfig, seed: int, deterministic: bool) -> Actor:
     """The actor of ``player`` on ``agents``: the named reference bot (seeded with ``seed``) or the policy."""
     if isinstance(player, str):
         from hpc_rl.envs.scripted import make_bot
@@ -88,7 +93,7 @@ def play_match(first: Player, second: Player, config: TrainConfig, games: int, s
     env = MobaEnv(dataclasses.replace(config.env.moba, mirrored_pairs=mirrored), games)
     first_team = np.arange(games) % 2
     first_side = team_agents(env.spec, first_team)
-    actors = [(_actor(player, side, config, seed + 1 + k, deterministic), side)
+    actors = [(player_actor(player, side, config, seed + 1 + k, deterministic), side)
               for k, (player, side) in enumerate(((first, first_side), (second, ~first_side)))]
     torch.manual_seed(seed)
     outcome = play(env, actors, seed, on_step=None if on_step is None else lambda t, finished: on_step()).winner

@@ -10,13 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpc_rl.config import to_yaml
 from hpc_rl.launch import rank_env
 from hpc_rl.league.tournament import RatingBook, last_rated_version
-from hpc_rl.storage import MetricsWriter, commit_checkpoint, open_run, write_meta
+from hpc_rl.storage import MetricsWriter, open_run
 from hpc_rl.storage.layout import RunLayout
 
-from small_moba import one_torch_thread, seeded_policy, small_config  # noqa: F401 (a fixture)
+from small_moba import one_torch_thread, tiny_run  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,23 +51,6 @@ def test_rating_book_writes_figures_and_a_resumed_run_continues_its_table(tmp_pa
 
 
 # --- jobs/tournament.py --------------------------------------------------------------------------------------
-def _tiny_run(path: Path, versions=(2, 4), time_limit: int = 2500) -> Path:
-    """A finished pipeline-like run: config.yaml, meta.json then status.json, training metrics, and checkpoints
-    of freshly initialised policies (what jobs/tournament.py reads)."""
-    config = small_config(time_limit)
-    path.mkdir(parents=True)
-    (path / "config.yaml").write_text(to_yaml(config))
-    write_meta(path, world_size=6, roles={0: "controller[0]"})
-    with MetricsWriter(path / "metrics.h5") as metrics:
-        for v in range(1, max(versions) + 1):
-            metrics.log("train/policy_loss", v, 1000 * v, 0.1, wall_time=100.0 * v)
-    for v in versions:
-        params = {k: t.numpy() for k, t in seeded_policy(config, v).state_dict().items()}
-        commit_checkpoint(path / "checkpoints", v, {"params": params}, config.config_hash())
-    (path / "status.json").write_text(json.dumps({"state": "finished", "version": max(versions)}))
-    return path
-
-
 def _tournament(*args, check: bool = True) -> subprocess.CompletedProcess:
     out = subprocess.run([sys.executable, str(ROOT / "jobs/tournament.py"), *map(str, args)], capture_output=True,
                          text=True, timeout=400, env=rank_env(), cwd=ROOT)
@@ -86,7 +68,7 @@ def _table(stdout: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_tournament_rates_every_version_writes_eval_series_and_is_deterministic(tmp_path):
-    run_dir = _tiny_run(tmp_path / "run")
+    run_dir = tiny_run(tmp_path / "run")
     out = _tournament(run_dir, "--games", 4, "--seed", 5)
     assert "[6/6]" in out.stdout  # progress, one line per pair (2 versions + random + scripted)
     metrics = open_run(run_dir).metrics
@@ -121,7 +103,7 @@ def _tournament_in_process(*args) -> None:
 
 @pytest.mark.slow
 def test_tournament_refuses_a_run_being_written(tmp_path):
-    run_dir = _tiny_run(tmp_path / "run", versions=(2,), time_limit=100)
+    run_dir = tiny_run(tmp_path / "run", versions=(2,), time_limit=100)
     status = run_dir / "status.json"  # resumed: the controller wrote meta.json again, status.json is older
     os.utime(status, (status.stat().st_mtime - 60,) * 2)
     with pytest.raises(SystemExit, match="refusing to write.*still running"):
