@@ -94,8 +94,9 @@ def final_eval_line(final: Mapping | None) -> str:
             f"{final['episodes']} episodes, {final['seconds']:.0f} s")
 
 
-ENDINGS = {"finished": "finished", "time_limit": "stopped by its time limit", "preempted": "stopped by a signal "
-           "(preemption)", "cancelled": "stopped by a signal"}
+ENDINGS = {"finished": "finished", "time_limit": "stopped by its time limit",
+           "preempted": "stopped by a signal (USR2: Ctrl-C or a preemption warning)",
+           "cancelled": "stopped by a signal (TERM)"}
 
 
 def summary_block(summary: Mapping) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from collections import deque
@@ -29,6 +30,7 @@ import numpy as np
 
 from hpc_rl import metric_names as M
 from hpc_rl.config import TrainConfig, to_yaml
+from hpc_rl.launch import LAUNCHED
 from hpc_rl.league.pool import OpponentPool
 from hpc_rl.league.tournament import RatingBook, rating_line
 from hpc_rl.roles.common import Backoff, StopFlag
@@ -332,8 +334,10 @@ class Controller:
         elif slurm_job_id() is not None:
             stop = (f"scancel {slurm_job_id()} stops at the next version and commits it; submitting the same job "
                     f"again resumes")
-        else:
+        elif os.environ.get(LAUNCHED):
             stop = "Ctrl-C stops at the next version and commits it; the same command resumes"
+        else:  # a plain mpirun ends the job on Ctrl-C; a USR2 to this rank is the stop
+            stop = f"kill -USR2 {os.getpid()} stops at the next version and commits it; the same command resumes"
         env = self.config.env
         what = (f"MOBA {env.moba.team_size}v{env.moba.team_size}" if env.is_moba else env.name) + " training"
         resumed = checkpoint_name(self.resume_version) if self.resume_version >= 0 else None
@@ -423,7 +427,8 @@ class Controller:
         else:
             from hpc_rl.evaluation import final_evaluation, policy_from_checkpoint
 
-            ckpt = load_checkpoint(self.layout.checkpoints / checkpoint_name(self.committed), self.config.config_hash())
+            path = self.layout.checkpoints / checkpoint_name(self.committed)
+            ckpt = load_checkpoint(path, self.config.config_hash())
             print(f"final evaluation of version {self.committed}: {games} "
                   f"{'games against the scripted bot' if self.config.env.is_moba else 'greedy episodes'}", flush=True)
             final = final_evaluation(policy_from_checkpoint(ckpt, self.config), self.config, games)
@@ -439,9 +444,10 @@ class Controller:
         """summary.json's content: how the run ended, the final evaluation, its files, the next commands."""
         root = self.run_dir.resolve()
         layout = RunLayout(root)
-        files = {"run_dir": root, "checkpoints": layout.checkpoints, "metrics": layout.metrics}
+        files = {"run_dir": root, "checkpoints": layout.checkpoints}
         if self.committed >= 0:
-            files["checkpoint"] = layout.checkpoints / checkpoint_name(self.committed)
+            files["last_checkpoint"] = layout.checkpoints / checkpoint_name(self.committed)
+        files["metrics"] = layout.metrics
         if layout.tensorboard.is_dir():
             files["tensorboard"] = layout.tensorboard
         if layout.replay.is_file():
@@ -451,31 +457,27 @@ class Controller:
         python, evaluate = (_shortest(Path(p)) for p in (sys.executable, JOBS / "evaluate.py"))
         commands = [f"tensorboard --logdir {layout.tensorboard}" if layout.tensorboard.is_dir() else
                     f"{python} -m hpc_rl.storage.tensorboard {root}   # TensorBoard event files, then tensorboard",
-                    f"{python} {evaluate} {root} --games 400"]
+                    f"{python} {evaluate} {root} --games 400   # evaluate the last checkpoint"]
         if self.config.env.is_moba:
-            commands.append(f"{python} -m hpc_rl.envs.render --run {root} --out {root}")
+            commands.append(f"{python} -m hpc_rl.envs.render --run {root} --out {root}   # a replay GIF vs the "
+                            f"scripted bot")
         commands.append(self._resume_command(python))
-        return {"run_name": self.config.run_name, "state": self.stop_reason, "version": self.learners_done,
+        version = self.learners_done if self.learners_done is not None else self.version  # closed early
+        return {"run_name": self.config.run_name, "state": self.stop_reason, "version": version,
                 "seconds": time.monotonic() - self.started, "final_eval": final, "final_eval_note": note,
                 "files": {name: str(path) for name, path in files.items()}, "next": commands}
 
     def _resume_command(self, python: str) -> str:
         """The command that resumes this run (raise ``pipeline.max_versions`` to train past a finished one)."""
         if self.stop_flag is None:
-            return f"SerialRunner(config) with run_name={self.config.run_name} resumes the run"
+            return f"# resume: SerialRunner(config) with run_name={self.config.run_name}"
         if slurm_job_id() is not None:
-            return f"submit the same job again (run_name={self.config.run_name}) to resume"
+            return f"# resume: submit the same job again (run_name={self.config.run_name})"
         keep = [o for o in self.overrides if not o.startswith(("run_name=", "runs_dir="))]
         runs_dir = Path(self.config.runs_dir)
         where = [f"run_name={self.config.run_name}"] + ([] if runs_dir == Path("runs") else [f"runs_dir={runs_dir}"])
-        train = _shortest(JOBS / "train.py")
-        return " ".join([python, "-m", "hpc_rl.launch", str(self.control.size), train, *where, *keep])
-
-
-def _shortest(path: Path) -> str:
-    """``path`` relative to the working directory when it lies below it, else absolute."""
-    relative = os.path.relpath(path)
-    return str(path) if relative.startswith("..") else relative
+        command = [python, "-m", "hpc_rl.launch", str(self.control.size), _shortest(JOBS / "train.py"), *where, *keep]
+        return " ".join(map(shlex.quote, command)) + "   # resume (past the last version: raise pipeline.max_versions)"
 
     def _write_status(self, state: str) -> None:
         status = {"state": state, "version": self.learners_done, "time": time.time()}
@@ -507,3 +509,9 @@ def _shortest(path: Path) -> str:
             log.error("%s", err)
             raise err from e
         print(f"requeued Slurm job {job}; it resumes from version {self.learners_done}", flush=True)
+
+
+def _shortest(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it, else absolute."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
