@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Ctrl-C asks a training job to stop at its next version and commit it: the first SIGINT becomes a USR2 to mpirun,
     which forwards it to every rank (the ranks' ``StopFlag``); a second one ends the job at once. mpirun runs in a
-    process group of its own, since its own SIGINT handling kills the ranks within a second (and a terminal sends
+    session of its own, since its own SIGINT handling kills the ranks within a second (and a terminal sends
     SIGINT to the whole foreground group); a TERM or HUP to this launcher is passed on to mpirun, which ends the job.
     """
     import subprocess
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m hpc_rl.launch NUM_RANKS SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     job = subprocess.Popen(mpirun_command(int(args[0]), args[1:]), env=rank_env({LAUNCHED: "1"}),
-                           stdin=subprocess.DEVNULL, process_group=0)
+                           stdin=subprocess.DEVNULL, start_new_session=True)
     interrupts = 0
 
     def on_interrupt(_signum, _frame) -> None:

@@ -3,10 +3,13 @@
     while not finished: receive heartbeats, metrics and checkpoints; write them; watch for silent ranks;
                         turn a signal or the time limit into "stop at version V"
 
-Only the controller writes files (``config.yaml``, ``meta.json``, ``metrics.h5``, ``checkpoints/``, ``pool.h5``). It
-prints one progress line per published version. It keeps the opponent pool: every checkpoint retention keeps for
-good (each ``keep_every``-th version) enters it; inference ranks report their games against past versions, the
-controller lowers the beaten versions' qualities and sends the pool back to them. It keeps the evaluator ranks'
+Only the controller writes files (``config.yaml``, ``meta.json``, ``metrics.h5``, ``checkpoints/``, ``pool.h5``,
+``summary.json``). It prints what the user reads (``roles/console.py``): a banner before the first version, one
+progress line per published version, and at the end the final evaluation and the summary (``conclude``).
+
+It keeps the opponent pool: every checkpoint retention keeps for good (each ``keep_every``-th version) enters it;
+inference ranks report their games against past versions, the controller lowers the beaten versions' qualities and
+sends the pool back to them. It keeps the evaluator ranks'
 TrueSkill table (``ratings.json``) and writes their ratings to ``metrics.h5``. A rank whose process ended (its
 lifeline closed, see ``lifeline.py``) or that was silent for ``heartbeat_timeout_s`` is named, by number and role, on
 stderr and in the log, the metrics so far are written, and the job aborted: a dead or hung rank must not hold an
@@ -30,6 +33,7 @@ import numpy as np
 
 from hpc_rl import metric_names as M
 from hpc_rl.config import TrainConfig, to_yaml
+from hpc_rl.evaluation import final_evaluation, policy_from_checkpoint
 from hpc_rl.launch import LAUNCHED
 from hpc_rl.league.pool import OpponentPool
 from hpc_rl.league.tournament import RatingBook, rating_line
@@ -425,8 +429,6 @@ class Controller:
         elif self.committed < 0:
             note = "no committed checkpoint"
         else:
-            from hpc_rl.evaluation import final_evaluation, policy_from_checkpoint
-
             path = self.layout.checkpoints / checkpoint_name(self.committed)
             ckpt = load_checkpoint(path, self.config.config_hash())
             print(f"final evaluation of version {self.committed}: {games} "
