@@ -93,6 +93,9 @@ class PipelineConfig:
     publish_every: int = 1  # optimizer updates per published version
     max_versions: int = 50  # stop after this many versions
     max_seconds: float = 0.0  # stop after this much wall time (0: no limit)
+    final_eval_games: int = 100  # a job that ends with a committed checkpoint (finished or its time limit) plays
+    #                              this many games of it against the scripted bot, half on each side (Gymnasium:
+    #                              greedy episodes) for summary.json; even; 0: off
     checkpoint_every: int = 10  # versions between checkpoints (the last version is always checkpointed)
     keep_last: int = 3  # checkpoints kept: the last K ...
     keep_every: int = 50  # ... plus every M-th version
@@ -126,6 +129,9 @@ class PipelineConfig:
             raise ValueError(f"pipeline.full_policy must be one of {FULL_POLICIES}, got {self.full_policy!r}")
         if self.allreduce not in ALLREDUCES:
             raise ValueError(f"pipeline.allreduce must be one of {ALLREDUCES}, got {self.allreduce!r}")
+        if self.final_eval_games < 0 or self.final_eval_games % 2:
+            raise ValueError(f"pipeline.final_eval_games must be even and >= 0 (half the games on each side; 0: "
+                             f"off), got {self.final_eval_games}")
         if self.max_seconds < 0:
             raise ValueError(f"pipeline.max_seconds must be >= 0, got {self.max_seconds}")
         if self.fault_nonfinite_from_version < 0:
@@ -239,7 +245,7 @@ class TrainConfig:
         d.pop("evaluation")
         d["topology"].pop("evaluator")
         # Fault injection is a drill run on the same learning problem (and may be turned on for a resumed run).
-        for key in ("max_versions", "max_seconds", "heartbeat_timeout_s", "requeue",
+        for key in ("max_versions", "max_seconds", "final_eval_games", "heartbeat_timeout_s", "requeue",
                     "fault_nonfinite_from_version"):
             d["pipeline"].pop(key)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()

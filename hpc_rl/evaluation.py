@@ -4,11 +4,13 @@
     evaluate_return(policy, config.env.make(num_envs=20), seed=0)   # Gymnasium: returns of greedy play
     play_vs_bot(policy, config, "scripted", games=400, seed=0)   # MOBA: wins, draws, losses against a reference bot
     play_match(policy, older_policy, config, games=64, seed=0)  # MOBA: two policies (or a policy and a bot), any pair
+    final_evaluation(policy, config, games=100)    # the end-of-run evaluation of summary.json (jobs/evaluate.py)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +26,9 @@ from hpc_rl.model.tree import to_torch_tree
 from hpc_rl.play import play, team_agents
 from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import Checkpoint, open_run
+
+# The end-of-run evaluation's seed: fixed, so that every run (and jobs/evaluate.py) plays the same games.
+FINAL_EVAL_SEED = 12345
 
 Player = Policy | str  # a policy, or the name of a reference bot ("random", "scripted")
 
@@ -115,3 +120,23 @@ def play_vs_bot(policy: Policy, config: TrainConfig, bot: str, games: int, seed:
     result = play_match(policy, bot, config, games, seed, deterministic, mirrored=False)
     del result["scores"]
     return {**result, "bot": bot, "bot_hash": scripted_bot_hash() if bot == "scripted" else None}
+
+
+def final_evaluation(policy: Policy, config: TrainConfig, games: int, seed: int = FINAL_EVAL_SEED) -> dict:
+    """The evaluation a training job ends with (``final_eval`` of summary.json), timed in ``seconds``.
+
+    MOBA: ``games`` games against the frozen scripted bot, half on each side, the policy sampling its actions as in
+    training; draws (time limit) count as losses in ``win_rate`` and its 95% Wilson interval ``ci95``. Gymnasium:
+    the greedy return of one episode in each of ``games`` env copies (``mean_return``, ``std_return``)."""
+    if games < 2 or games % 2:
+        raise ValueError(f"the final evaluation needs an even number of games >= 2 (half on each side), got {games}")
+    started = time.monotonic()
+    if config.env.is_moba:
+        r = play_vs_bot(policy, config, "scripted", games, seed)
+        result = {"games": r["games"], "wins": r["wins"], "draws": r["draws"], "win_rate": r["win_rate"],
+                  "ci95": r["win_rate_ci95"], "bot": r["bot"], "bot_hash": r["bot_hash"]}
+    else:
+        returns = evaluate_return(policy, config.env.make(num_envs=games), seed)
+        result = {"episodes": int(returns.size), "mean_return": float(returns.mean()),
+                  "std_return": float(returns.std())}
+    return {**result, "seed": seed, "seconds": time.monotonic() - started}

@@ -132,15 +132,42 @@ def set_torch_threads() -> None:
             pass
 
 
+# Set in the ranks' environment by ``main``: the controller then names Ctrl-C as the way to stop the job.
+LAUNCHED = "HPC_RL_LAUNCHED"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hpc_rl.launch NUM_RANKS SCRIPT [ARGS...]``: mpirun with the settings above, locally."""
+    """``python -m hpc_rl.launch NUM_RANKS SCRIPT [ARGS...]``: mpirun with the settings above, locally.
+
+    Ctrl-C asks a training job to stop at its next version and commit it: the first SIGINT becomes a USR2 to mpirun,
+    which forwards it to every rank (the ranks' ``StopFlag``); a second one ends the job at once. mpirun runs in a
+    session of its own, since its own SIGINT handling kills the ranks within a second (and a terminal sends
+    SIGINT to the whole foreground group); a TERM or HUP to this launcher is passed on to mpirun, which ends the job.
+    """
     import subprocess
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or not args[0].isdigit():
         print("usage: python -m hpc_rl.launch NUM_RANKS SCRIPT [ARGS...]", file=sys.stderr)
         return 2
-    return subprocess.call(mpirun_command(int(args[0]), args[1:]), env=rank_env())
+    job = subprocess.Popen(mpirun_command(int(args[0]), args[1:]), env=rank_env({LAUNCHED: "1"}),
+                           stdin=subprocess.DEVNULL, start_new_session=True)
+    interrupts = 0
+
+    def on_interrupt(_signum, _frame) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts == 1:
+            print("hpc_rl.launch: Ctrl-C: stopping at the next version (Ctrl-C again ends the job now)",
+                  file=sys.stderr, flush=True)
+            job.send_signal(signal.SIGUSR2)
+        else:
+            job.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, lambda signum, _frame: job.send_signal(signal.SIGTERM))
+    return job.wait()
 
 
 if __name__ == "__main__":

@@ -186,3 +186,4 @@ class SerialRunner:
         self.controller.finish()
         for channels in self.channels:
             channels.close()
+        self.controller.conclude(evaluate=False)

@@ -38,6 +38,8 @@ def test_default_config_is_moba_1v1_on_six_ranks():
     ("evaluation.games=3", "evaluation.games must be even"),
     ("evaluation.seed=-1", "evaluation.seed must be >= 0"),
     ("pipeline.fault_nonfinite_from_version=-1", "pipeline.fault_nonfinite_from_version must be >= 0 (0: off)"),
+    ("pipeline.final_eval_games=5", "pipeline.final_eval_games must be even and >= 0"),
+    ("pipeline.final_eval_games=-2", "pipeline.final_eval_games must be even and >= 0"),
 ])
 def test_bad_values_fail_at_compose_time(override, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -50,6 +52,8 @@ def test_config_hash_ignores_run_name_but_not_learning_settings():
     assert a.config_hash() != _compose("ppo.lam=0.9").config_hash()
     # A fault drill may be run on an existing run: it resumes from that run's checkpoints.
     assert a.config_hash() == _compose("pipeline.fault_nonfinite_from_version=5").config_hash()
+    # The final evaluation plays the trained policy: it does not change what is learned.
+    assert a.config_hash() == _compose("pipeline.final_eval_games=0").config_hash()
 
 
 def test_evaluator_ranks_rate_moba_only_and_do_not_change_the_learning_problem():

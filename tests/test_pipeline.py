@@ -125,8 +125,8 @@ def test_every_segment_produced_is_consumed_exactly_once_or_left_at_stop(tmp_pat
 
 
 def _versions_printed(output: str) -> list[int]:
-    """The versions of the controller's progress lines ("v   12  env ...")."""
-    return [int(m[1]) for m in re.finditer(r"^v\s*(\d+)\s+env ", output, re.MULTILINE)]
+    """The versions of the controller's progress lines ("v   12  1:04 elapsed ...")."""
+    return [int(m[1]) for m in re.finditer(r"^v\s*(\d+)\s+[\d:]+ elapsed", output, re.MULTILINE)]
 
 
 def _failure(launcher: str, tmp_path: Path, what: str) -> None:

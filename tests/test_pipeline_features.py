@@ -9,7 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hpc_rl.envs.scripted import scripted_bot_hash
+from hpc_rl.evaluation import FINAL_EVAL_SEED
 from hpc_rl.launch import mpirun_command, rank_env
+from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import open_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +22,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(600)]
 # games start and end within a few versions; every 4th version joins the pool.
 LEAGUE = ["env.num_envs=4", "env.vs_scripted_fraction=0", "env.moba.time_limit=48", "league.past_fraction=0.5",
           "pipeline.segment_len=32", "pipeline.segments_per_batch=1", "pipeline.checkpoint_every=2",
-          "pipeline.keep_every=4", "pipeline.keep_last=1", "ppo.num_minibatches=2"]
+          "pipeline.keep_every=4", "pipeline.keep_last=1", "ppo.num_minibatches=2", "pipeline.final_eval_games=4"]
 AGENT_STEPS = 32 * 4 * 2  # one segment: steps x copies x agents, all trained on when no past version plays
 
 
@@ -32,7 +35,8 @@ def _train(runs: Path, versions: int, options: list[str] = LEAGUE, name: str = "
 
 
 def test_past_versions_play_and_are_not_trained_on_and_the_pool_survives_a_resume(tmp_path):
-    _train(tmp_path, 16)
+    out = _train(tmp_path, 16)
+    _check_summary(tmp_path / "league", out.stdout)
     run = open_run(tmp_path / "league")
     assert run.pool["version"] == [4, 8, 12, 16]  # every keep_every-th committed version joined
     assert set(run.pool["version"]) <= set(run.checkpoint_versions)  # retention keeps them loadable
@@ -52,6 +56,30 @@ def test_past_versions_play_and_are_not_trained_on_and_the_pool_survives_a_resum
     assert "resuming" in out.stdout
     assert "opponent pool: 4 past versions from pool.h5" in (tmp_path / "league/logs/rank_0.log").read_text()
     assert open_run(tmp_path / "league").pool["version"] == [4, 8, 12, 16, 20]
+
+
+def _check_summary(run_dir: Path, stdout: str) -> None:
+    """The job's end: the final evaluation of version 16 against the scripted bot (4 games, both sides), printed
+    and in summary.json with where the files are and the next commands. No copy has the bot in training, so the
+    progress lines show no win rate against it."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state"] == "finished" and summary["version"] == 16, summary
+    final = summary["final_eval"]
+    assert (final["games"], final["bot"], final["bot_hash"], final["seed"]) == (4, "scripted", scripted_bot_hash(),
+                                                                                FINAL_EVAL_SEED), final
+    assert final["win_rate"] == final["wins"] / 4 and final["ci95"] == list(wilson_interval(final["wins"], 4))
+    assert final["draws"] == 4 - final["wins"]  # 48-step games: nobody loses a tower before the time limit
+    files = summary["files"]
+    assert files["run_dir"] == str(run_dir.resolve()) and files["last_checkpoint"].endswith("v000016.h5")
+    assert all(Path(files[k]).exists() for k in ("last_checkpoint", "metrics", "tensorboard", "logs", "summary"))
+    assert any("jobs/evaluate.py" in c for c in summary["next"]) and any("hpc_rl.envs.render --run" in c
+                                                                           for c in summary["next"])
+    resume = summary["next"][-1]
+    assert "-m hpc_rl.launch 6 " in resume and "# resume" in resume, resume
+    assert "run_name=league" in resume and "league.past_fraction=0.5" in resume, resume
+    assert "== run league finished at version 16" in stdout and "final evaluation: win rate" in stdout, stdout
+    assert "ranks: 0 controller, 1-2 env, 3 inference, 4-5 learner" in stdout, stdout
+    assert "v   16  " in stdout and "win vs scripted" not in stdout, stdout
 
 
 def test_async_action_offset_keeps_exactly_once(tmp_path):

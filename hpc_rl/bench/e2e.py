@@ -183,6 +183,7 @@ def run(args) -> dict:
         raise ValueError("--moba-versions and --cartpole-versions must be >= 1")
     set_torch_threads()
     offset = [f"pipeline.async_actions={str(bool(args.async_actions)).lower()}"]
+    no_eval = ["pipeline.final_eval_games=0"]  # a job's wall time is its training, as the serial runner's
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp)
         moba_overrides = [f"pipeline.max_versions={args.moba_versions}", *offset]
@@ -190,7 +191,7 @@ def run(args) -> dict:
         serial = serial_config(moba_config)
         out: dict = {"async_actions": bool(args.async_actions), "work": equal_work(moba_config, serial)}
 
-        moba = _run_job(runs, "moba", moba_overrides, timeout=3600)
+        moba = _run_job(runs, "moba", [*moba_overrides, *no_eval], timeout=3600)
         out.update({f"moba_{k}": v for k, v in moba.items()})
         out.update({f"serial_{k}": v for k, v in _run_serial(serial).items()})
         out["moba_vs_serial_learner_samples"] = moba["learner_samples_per_s"] / out["serial_learner_samples_per_s"]
@@ -198,7 +199,8 @@ def run(args) -> dict:
         # The preset's own async_actions holds unless --async-actions asks for the offset.
         cartpole = _run_job(runs, "cartpole", [f"experiment={args.cartpole_preset}", f"seed={CARTPOLE_SEED}",
                                                 *(offset if args.async_actions else []),
-                                                f"pipeline.max_versions={args.cartpole_versions}"], timeout=3600)
+                                                f"pipeline.max_versions={args.cartpole_versions}", *no_eval],
+                            timeout=3600)
         from hpc_rl.evaluation import evaluate_return, load_policy
 
         policy, config, _ = load_policy(runs / "cartpole")

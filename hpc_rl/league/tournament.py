@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ import trueskill
 
 from hpc_rl import metric_names as M
 from hpc_rl.league.ratings import TrueSkillTable, elo_from_results, nash_average
-from hpc_rl.storage.hdf5 import replace_durably, write_new_file
+from hpc_rl.storage.hdf5 import write_json_durably
 from hpc_rl.storage.metrics import ROW, open_for_write_problem, read_metrics, read_table, write_table
 from hpc_rl.storage.layout import RunLayout
 
@@ -333,10 +332,8 @@ class RatingBook:
 
     def save(self) -> None:
         """Replace ``ratings.json`` crash-safely (temporary file, fsync, ``os.replace``)."""
-        tmp = self.path.parent / f".{self.path.name}.{os.getpid()}.tmp"
-        content = {"anchor": ANCHOR, "draw_probability": self.table.draw_probability, "records": self.records}
-        write_new_file(tmp, (json.dumps(content).encode(),))
-        replace_durably(tmp, self.path)
+        write_json_durably(self.path, {"anchor": ANCHOR, "draw_probability": self.table.draw_probability,
+                                       "records": self.records})
 
 
 def last_rated_version(run_dir: str | Path, resume_version: int) -> int:

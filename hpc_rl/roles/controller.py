@@ -3,10 +3,13 @@
     while not finished: receive heartbeats, metrics and checkpoints; write them; watch for silent ranks;
                         turn a signal or the time limit into "stop at version V"
 
-Only the controller writes files (``config.yaml``, ``meta.json``, ``metrics.h5``, ``checkpoints/``, ``pool.h5``). It
-prints one progress line per published version. It keeps the opponent pool: every checkpoint retention keeps for
-good (each ``keep_every``-th version) enters it; inference ranks report their games against past versions, the
-controller lowers the beaten versions' qualities and sends the pool back to them. It keeps the evaluator ranks'
+Only the controller writes files (``config.yaml``, ``meta.json``, ``metrics.h5``, ``checkpoints/``, ``pool.h5``,
+``summary.json``). It prints what the user reads (``roles/console.py``): a banner before the first version, one
+progress line per published version, and at the end the final evaluation and the summary (``conclude``).
+
+It keeps the opponent pool: every checkpoint retention keeps for good (each ``keep_every``-th version) enters it;
+inference ranks report their games against past versions, the controller lowers the beaten versions' qualities and
+sends the pool back to them. It keeps the evaluator ranks'
 TrueSkill table (``ratings.json``) and writes their ratings to ``metrics.h5``. A rank whose process ended (its
 lifeline closed, see ``lifeline.py``) or that was silent for ``heartbeat_timeout_s`` is named, by number and role, on
 stderr and in the log, the metrics so far are written, and the job aborted: a dead or hung rank must not hold an
@@ -17,6 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shlex
+import sys
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -27,18 +33,22 @@ import numpy as np
 
 from hpc_rl import metric_names as M
 from hpc_rl.config import TrainConfig, to_yaml
+from hpc_rl.evaluation import final_evaluation, policy_from_checkpoint
+from hpc_rl.launch import LAUNCHED
 from hpc_rl.league.pool import OpponentPool
 from hpc_rl.league.tournament import RatingBook, rating_line
 from hpc_rl.roles.common import Backoff, StopFlag
+from hpc_rl.roles.console import progress_line, start_banner, summary_block, time_left, win_figure
 from hpc_rl.roles.control import ControlEndpoint
 from hpc_rl.roles.lifeline import Lifelines
 from hpc_rl.roles.protocol import (TAG_ACCOUNTING, TAG_CHECKPOINT, TAG_DONE, TAG_EVALUATION, TAG_HALT, TAG_HEARTBEAT,
                                    TAG_METRICS, TAG_POOL, TAG_POOL_RESULT, TAG_STOP)
 from hpc_rl.slurm import RequeueError, requeue, slurm_job_id
 from hpc_rl.stats import wilson_interval
-from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_latest, prune_checkpoints, read_pool,
-                            write_pool)
+from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_checkpoint, load_latest,
+                            prune_checkpoints, read_pool, write_pool)
 from hpc_rl.storage.checkpoint import CheckpointWriteError, checkpoint_name
+from hpc_rl.storage.hdf5 import write_json_durably
 from hpc_rl.storage.layout import RunLayout, runs_index
 from hpc_rl.storage.metrics import MetricsWriteError
 from hpc_rl.storage.runlock import release_run_lock
@@ -46,6 +56,7 @@ from hpc_rl.storage.tensorboard import open_export
 from hpc_rl.topology import Role, Topology
 
 log = logging.getLogger(__name__)
+JOBS = Path(__file__).resolve().parent.parent.parent / "jobs"  # the commands the summary names
 
 
 def open_run_dir(config: TrainConfig, overrides: tuple[str, ...] = ()) -> Checkpoint | None:
@@ -56,9 +67,7 @@ def open_run_dir(config: TrainConfig, overrides: tuple[str, ...] = ()) -> Checkp
     layout.root.mkdir(parents=True, exist_ok=True)
     layout.config.write_text(to_yaml(config))
     resume = load_latest(layout.checkpoints, config.config_hash())
-    if resume is not None:
-        print(f"resuming {layout.root} from version {resume.version} ({resume.path.name})", flush=True)
-    else:
+    if resume is None:
         # One short line appended per new run (O_APPEND: concurrent sweep members do not interleave on a local
         # or Lustre/GPFS filesystem).
         with open(runs_index(config.runs_dir), "a") as index:
@@ -68,10 +77,14 @@ def open_run_dir(config: TrainConfig, overrides: tuple[str, ...] = ()) -> Checkp
 
 class Controller:
     def __init__(self, config: TrainConfig, topology: Topology, control: ControlEndpoint, run_dir: Path,
-                 resume_version: int, stop_flag: StopFlag | None, lifelines: Lifelines | None = None):
+                 resume_version: int, stop_flag: StopFlag | None, lifelines: Lifelines | None = None,
+                 overrides: tuple[str, ...] = ()):
         """``stop_flag``: the signals that ask for a stop (None: none are watched, as in a run in one process);
-        ``lifelines``: the other ranks' connections, closed when their process ends (None in one process)."""
+        ``lifelines``: the other ranks' connections, closed when their process ends (None in one process);
+        ``overrides``: the command line's config overrides (the summary's resume command repeats them)."""
         self.config, self.topology, self.control, self.run_dir = config, topology, control, run_dir
+        self.overrides = overrides
+        self.resume_version = resume_version
         self.layout = RunLayout(run_dir)
         self.stop_flag = stop_flag
         self.lifelines = lifelines
@@ -210,13 +223,19 @@ class Controller:
         self._progress(version, metrics, int(wins), int(games))
 
     def _progress(self, version: int, m: dict, wins: int, games: int) -> None:
-        low, high = wilson_interval(wins, games)
-        win = f"{wins / games:.2f} [{low:.2f},{high:.2f}] n={games}" if games else "n/a"
-        line = (f"v{version:5d}  env {m[M.ENV_STEPS_PER_S]:8.0f} steps/s  staleness {m[M.STALENESS_MEAN]:.2f}"
-                f"  reuse {m[M.REUSE]:.2f}  ring {m.get(M.RING_OCCUPANCY, 0):.2f}  win vs scripted {win}"
-                f"  policy_loss {m.get(M.POLICY_LOSS, 0):+.3f}  entropy {m.get(M.ENTROPY, 0):.3f}")
+        """One line: the version, the clock against the budget, and the figures that fit the environment (the win
+        rate where the scripted bot plays, the episode return on Gymnasium)."""
+        figures = [("env", f"{m[M.ENV_STEPS_PER_S]:.0f} steps/s"), ("staleness", f"{m[M.STALENESS_MEAN]:.2f}"),
+                   ("reuse", f"{m[M.REUSE]:.2f}"), ("ring", f"{m.get(M.RING_OCCUPANCY, 0):.2f}")]
+        if self.config.env.scripted_copies():
+            figures.append(("win vs scripted", win_figure(wins, games, *wilson_interval(wins, games))))
         if M.EPISODE_RETURN in m:
-            line += f"  return {m[M.EPISODE_RETURN]:.1f}"
+            figures.append(("return", f"{m[M.EPISODE_RETURN]:.1f}"))
+        figures += [("policy_loss", f"{m.get(M.POLICY_LOSS, 0):+.3f}"), ("entropy", f"{m.get(M.ENTROPY, 0):.3f}")]
+        elapsed = m[M.WALL_SECONDS]
+        pipeline = self.config.pipeline
+        left = time_left(elapsed, version, max(self.resume_version, 0), pipeline.max_versions, pipeline.max_seconds)
+        line = progress_line(version, elapsed, left, figures)
         print(line, flush=True)
         log.info(line)
 
@@ -309,8 +328,27 @@ class Controller:
         return self.learners_done
 
     def start(self) -> None:
+        self._banner()
         if self.pool is not None and self.pool.versions:
             self._save_and_send_pool()
+
+    def _banner(self) -> None:
+        if self.stop_flag is None:
+            stop = None  # one process: no signal is watched
+        elif slurm_job_id() is not None:
+            stop = (f"scancel {slurm_job_id()} stops at the next version and commits it; submitting the same job "
+                    f"again resumes")
+        elif os.environ.get(LAUNCHED):
+            stop = "Ctrl-C stops at the next version and commits it; the same command resumes"
+        else:  # a plain mpirun ends the job on Ctrl-C; a USR2 to this rank is the stop
+            stop = f"kill -USR2 {os.getpid()} stops at the next version and commits it; the same command resumes"
+        env = self.config.env
+        what = (f"MOBA {env.moba.team_size}v{env.moba.team_size}" if env.is_moba else env.name) + " training"
+        resumed = checkpoint_name(self.resume_version) if self.resume_version >= 0 else None
+        text = start_banner(self.run_dir.resolve(), self.resume_version, resumed, self.topology.role_map(), what,
+                            self.config.pipeline.max_versions, self.config.pipeline.max_seconds, stop)
+        print(text, flush=True)
+        log.info("%s", text)
 
     @contextmanager
     def _aborting_on_write_failure(self):
@@ -375,7 +413,73 @@ class Controller:
         self.layout.accounting.write_text(json.dumps(summary))
         self._write_status(self.stop_reason)
         log.info("segments produced %d, consumed %d, left unconsumed %d", len(produced), len(consumed), len(left))
+
+    def conclude(self, evaluate: bool) -> dict:
+        """After ``finish``: the final evaluation of the last committed version (``evaluate``, when the run
+        finished or met its time limit: after a signal the job must end soon), then the summary, printed and
+        written to ``summary.json``; the run lock is released last. Returns the summary."""
+        final, note = None, None
+        games = self.config.pipeline.final_eval_games
+        if not evaluate:
+            note = "the serial runner does not evaluate"
+        elif not games:
+            note = "pipeline.final_eval_games=0"
+        elif self.stop_reason not in ("finished", "time_limit"):
+            note = "stopped by a signal: the job ends without it"
+        elif self.committed < 0:
+            note = "no committed checkpoint"
+        else:
+            path = self.layout.checkpoints / checkpoint_name(self.committed)
+            ckpt = load_checkpoint(path, self.config.config_hash())
+            print(f"final evaluation of version {self.committed}: {games} "
+                  f"{'games against the scripted bot' if self.config.env.is_moba else 'greedy episodes'}", flush=True)
+            final = final_evaluation(policy_from_checkpoint(ckpt, self.config), self.config, games)
+        summary = self._summary(final, note)
+        write_json_durably(self.layout.summary, summary)
+        text = summary_block(summary)
+        print(text, flush=True)
+        log.info("%s", text)
         release_run_lock(self.run_dir)
+        return summary
+
+    def _summary(self, final: dict | None, note: str | None) -> dict:
+        """summary.json's content: how the run ended, the final evaluation, its files, the next commands."""
+        root = self.run_dir.resolve()
+        layout = RunLayout(root)
+        files = {"run_dir": root, "checkpoints": layout.checkpoints}
+        if self.committed >= 0:
+            files["last_checkpoint"] = layout.checkpoints / checkpoint_name(self.committed)
+        files["metrics"] = layout.metrics
+        if layout.tensorboard.is_dir():
+            files["tensorboard"] = layout.tensorboard
+        if layout.replay.is_file():
+            files["replay"] = layout.replay
+        files["logs"] = layout.logs
+        files["summary"] = layout.summary
+        python, evaluate = (_shortest(Path(p)) for p in (sys.executable, JOBS / "evaluate.py"))
+        commands = [f"tensorboard --logdir {layout.tensorboard}" if layout.tensorboard.is_dir() else
+                    f"{python} -m hpc_rl.storage.tensorboard {root}   # TensorBoard event files, then tensorboard",
+                    f"{python} {evaluate} {root} --games 400   # evaluate the last checkpoint"]
+        if self.config.env.is_moba:
+            commands.append(f"{python} -m hpc_rl.envs.render --run {root} --out {root}   # a replay GIF vs the "
+                            f"scripted bot")
+        commands.append(self._resume_command(python))
+        version = self.learners_done if self.learners_done is not None else self.version  # closed early
+        return {"run_name": self.config.run_name, "state": self.stop_reason, "version": version,
+                "seconds": time.monotonic() - self.started, "final_eval": final, "final_eval_note": note,
+                "files": {name: str(path) for name, path in files.items()}, "next": commands}
+
+    def _resume_command(self, python: str) -> str:
+        """The command that resumes this run (raise ``pipeline.max_versions`` to train past a finished one)."""
+        if self.stop_flag is None:
+            return f"# resume: SerialRunner(config) with run_name={self.config.run_name}"
+        if slurm_job_id() is not None:
+            return f"# resume: submit the same job again (run_name={self.config.run_name})"
+        keep = [o for o in self.overrides if not o.startswith(("run_name=", "runs_dir="))]
+        runs_dir = Path(self.config.runs_dir)
+        where = [f"run_name={self.config.run_name}"] + ([] if runs_dir == Path("runs") else [f"runs_dir={runs_dir}"])
+        command = [python, "-m", "hpc_rl.launch", str(self.control.size), _shortest(JOBS / "train.py"), *where, *keep]
+        return " ".join(map(shlex.quote, command)) + "   # resume (past the last version: raise pipeline.max_versions)"
 
     def _write_status(self, state: str) -> None:
         status = {"state": state, "version": self.learners_done, "time": time.time()}
@@ -407,3 +511,9 @@ class Controller:
             log.error("%s", err)
             raise err from e
         print(f"requeued Slurm job {job}; it resumes from version {self.learners_done}", flush=True)
+
+
+def _shortest(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it, else absolute."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative

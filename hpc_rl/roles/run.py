@@ -7,6 +7,7 @@ resume from (controller), connect every rank's lifeline to the controller, probe
 (every learner's ring, the parameter channel, the step exchange). Shut-down: every rank enters a non-blocking
 barrier once it has stopped producing; learners keep draining their rings until every rank is there, so no writer
 stays blocked on a full ring; then the channels are closed in the same order everywhere, and the lifelines last.
+Last, the controller plays the final evaluation and prints and writes the summary (``Controller.conclude``).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     if placement.role is Role.CONTROLLER:
         write_meta(run_dir, world_size=comm.Get_size(), roles=topology.role_map(), transport=transport.meta(),
                    config_hash=config.config_hash(), resumed_from=resume_version)
-        controller = Controller(config, topology, endpoint, run_dir, resume_version, stop_flag, lifelines)
+        controller = Controller(config, topology, endpoint, run_dir, resume_version, stop_flag, lifelines, overrides)
         result = controller.run()
     elif placement.role is Role.ENV:
         EnvWorker(config, rank, placement.index, channels.steps, link, max(resume_version, 0)).run()
@@ -185,6 +186,9 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
         lifelines.close()
     log.info("rank %d finished", rank)
     if placement.role is Role.CONTROLLER:
+        # The final evaluation runs here, once no rank waits on the controller any more (the others wait in
+        # MPI_Finalize, which has no timeout), and before a requeue ends the job.
+        controller.conclude(evaluate=True)
         controller.requeue()
     return result
 

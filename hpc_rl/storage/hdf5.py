@@ -3,6 +3,7 @@ them whole.
 
     with open_h5(path, "r", libver="latest", swmr=True) as f: ...
     write_new_file(tmp, (hdf5_image(fill),)); replace_durably(tmp, path)
+    write_json_durably(path, content)                  # a JSON file of the run (ratings.json, summary.json), whole
 
 HDF5 locks a file with ``flock`` while it opens it (and for as long as a writer outside SWMR mode holds it): an
 open that meets another process's lock fails at once with ``BlockingIOError`` ("unable to lock file", errno 11).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -68,6 +70,13 @@ def fsync_path(path: Path) -> None:
 def replace_durably(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
     fsync_path(final.parent)
+
+
+def write_json_durably(path: Path, content) -> None:
+    """Replace ``path`` with ``content`` as JSON, crash-safely: a reader sees the old file or the new one, whole."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    write_new_file(tmp, ((json.dumps(content, indent=2) + "\n").encode(),))
+    replace_durably(tmp, path)
 
 
 def hdf5_image(fill: Callable[[h5py.File], None], userblock: int = 0, **kwargs) -> memoryview:

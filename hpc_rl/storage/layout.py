@@ -4,7 +4,7 @@
       index.tsv                one line per new run: its name and the command line's overrides
       <run_name>/              ``RunLayout``
         lock  config.yaml  meta.json  metrics.h5  checkpoints/  pool.h5  ratings.json  status.json  accounting.json
-        logs/rank_<k>.log  tensorboard/  <job>.json (a job's report, e.g. vs_scripted.json)
+        summary.json  replay.gif  logs/rank_<k>.log  tensorboard/  <job>.json (a job's report, e.g. vs_scripted.json)
 """
 
 from __future__ import annotations
@@ -72,6 +72,16 @@ class RunLayout:
     def status(self) -> Path:
         """How the controller ended: finished, preempted, cancelled, requeue_failed, time_limit or halted_nonfinite."""
         return self.root / "status.json"
+
+    @property
+    def summary(self) -> Path:
+        """How a job ended, its final evaluation, where its files are, the next commands (``Controller.conclude``)."""
+        return self.root / "summary.json"
+
+    @property
+    def replay(self) -> Path:
+        """An animated GIF of a game played by the run's checkpoint (``python -m hpc_rl.envs.render --run``)."""
+        return self.root / "replay.gif"
 
     @property
     def accounting(self) -> Path:

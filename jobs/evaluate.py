@@ -1,0 +1,42 @@
+"""Evaluate a run's checkpoint as a training job's end does (``hpc_rl.evaluation.final_evaluation``), in one process.
+
+    python jobs/evaluate.py runs/my_run                          # the latest good checkpoint, 100 games
+    python jobs/evaluate.py runs/my_run --games 400 --version 200 --seed 1
+
+MOBA: games against the frozen scripted bot, half on each side, draws counted as losses, with the 95% Wilson
+interval; Gymnasium: the greedy return of one episode per game. Prints one line and, last, the result as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hpc_rl.launch import set_torch_threads
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path, help="the run directory (runs/<run_name>)")
+    parser.add_argument("--games", type=int, default=100, help="games (Gymnasium: episodes), even (default 100)")
+    parser.add_argument("--version", type=int, help="the checkpoint's version (default: the latest good one)")
+    parser.add_argument("--seed", type=int, help="seed of the games (default: the training job's final evaluation's)")
+    args = parser.parse_args(argv)
+    set_torch_threads()
+    from hpc_rl.evaluation import FINAL_EVAL_SEED, final_evaluation, load_policy
+    from hpc_rl.roles.console import final_eval_line
+
+    policy, config, version = load_policy(args.run_dir, args.version)
+    try:
+        result = final_evaluation(policy, config, args.games, FINAL_EVAL_SEED if args.seed is None else args.seed)
+    except ValueError as err:
+        parser.error(str(err))
+    print(f"version {version}: {final_eval_line(result)}")
+    print(json.dumps({"version": version, **result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
