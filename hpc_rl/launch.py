@@ -84,11 +84,13 @@ def isolate_shared_memory() -> None:
 
 # Stop signals that arrived before the run's StopFlag replaced the handlers hold_stop_signals installed.
 _held_signals: list[int] = []
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+# TERM: stop (scancel); USR1: stop, as TERM, where only USR1/USR2 reach the ranks (mpirun forwards those two;
+# hpc_rl.launch turns Ctrl-C into USR1); USR2: preempted, come back (requeue). See StopFlag.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def hold_stop_signals() -> None:
-    """Keep a SIGUSR2 or SIGTERM that arrives while a rank is still starting, for the run to act on.
+    """Keep a stop signal (``STOP_SIGNALS``) that arrives while a rank is still starting, for the run to act on.
 
     Call first thing in a job's entry point. A rank spends seconds importing torch and starting MPI before the run
     installs its handlers (``hpc_rl.roles.common.StopFlag``), and Python's default for SIGUSR2 ends the process:
@@ -139,8 +141,9 @@ LAUNCHED = "HPC_RL_LAUNCHED"
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hpc_rl.launch NUM_RANKS SCRIPT [ARGS...]``: mpirun with the settings above, locally.
 
-    Ctrl-C asks a training job to stop at its next version and commit it: the first SIGINT becomes a USR2 to mpirun,
-    which forwards it to every rank (the ranks' ``StopFlag``); a second one ends the job at once. mpirun runs in a
+    Ctrl-C asks a training job to stop at its next version and commit it: the first SIGINT becomes a USR1 to mpirun,
+    which forwards it to every rank (the ranks' ``StopFlag``: a stop, status ``cancelled``, as a TERM would be if
+    mpirun forwarded TERM instead of ending the job); a second one ends the job at once. mpirun runs in a
     session of its own, since its own SIGINT handling kills the ranks within a second (and a terminal sends
     SIGINT to the whole foreground group); a TERM or HUP to this launcher is passed on to mpirun, which ends the job.
     """
@@ -160,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if interrupts == 1:
             print("hpc_rl.launch: Ctrl-C: stopping at the next version (Ctrl-C again ends the job now)",
                   file=sys.stderr, flush=True)
-            job.send_signal(signal.SIGUSR2)
+            job.send_signal(signal.SIGUSR1)
         else:
             job.send_signal(signal.SIGTERM)
 

@@ -59,7 +59,7 @@ def test_final_evaluation_line():
 
 
 @pytest.mark.parametrize("state, ending", [("finished", "finished"), ("time_limit", "stopped by its time limit"),
-                                           ("cancelled", "stopped by a signal (TERM)")])
+                                           ("cancelled", "stopped by a signal (TERM, or USR1: Ctrl-C)")])
 def test_summary_block(state, ending):
     summary = {"run_name": "demo", "state": state, "version": 238, "seconds": 641.0,
                "final_eval": MOBA_EVAL if state != "cancelled" else None,

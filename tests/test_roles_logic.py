@@ -220,7 +220,7 @@ def test_nonfinite_updates_are_skipped_then_the_run_halts_with_its_status(tmp_pa
 
 def test_a_stop_signal_held_while_the_rank_starts_counts_for_the_run():
     """jobs/train.py holds USR2/TERM from its first line; the run's StopFlag takes over what arrived meanwhile."""
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
     try:
         hold_stop_signals()
         os.kill(os.getpid(), signal.SIGUSR2)  # the process lives on: the signal is held
@@ -232,11 +232,13 @@ def test_a_stop_signal_held_while_the_rank_starts_counts_for_the_run():
             signal.signal(s, handler)
 
 
-@pytest.mark.parametrize("signals, come_back", [(["SIGUSR2"], True), (["SIGTERM"], False),
-                                                (["SIGUSR2", "SIGTERM"], False), (["SIGTERM", "SIGUSR2"], False)])
+@pytest.mark.parametrize("signals, come_back", [(["SIGUSR2"], True), (["SIGTERM"], False), (["SIGUSR1"], False),
+                                                (["SIGUSR2", "SIGTERM"], False), (["SIGTERM", "SIGUSR2"], False),
+                                                (["SIGUSR2", "SIGUSR1"], False)])
 def test_only_usr2_without_term_asks_for_a_requeue(signals, come_back):
-    """USR2 is "preempted, come back"; TERM (a scancel) is "stop", and it overrides a USR2 received before it."""
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
+    """USR2 is "preempted, come back"; TERM (a scancel) is "stop", and it overrides a USR2 received before it; USR1
+    (Ctrl-C through hpc_rl.launch) is a stop like TERM."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
     try:
         flag = StopFlag()
         assert not flag.raised and flag.signum is None

@@ -108,13 +108,15 @@ def setup_logging(run_dir: Path, rank: int, role: str) -> logging.Logger:
 class StopFlag:
     """Signal handlers only set this flag (a handler cannot run while the rank is inside an MPI call).
 
-    The two signals mean different stops:
+    The signals mean different stops:
     - SIGUSR2, "preempted, come back": Slurm's warning before the time limit (``--signal=B:USR2@N`` in the sbatch
       scripts) or ``scancel --batch --signal=USR2``. Stop at the next version, commit it, requeue the job.
     - SIGTERM, "stop": a plain ``scancel``, or Slurm's notice that it preempts the job (under
       ``PreemptMode=REQUEUE`` Slurm requeues the job itself; under ``CANCEL`` it ends). Stop at the next version
       and commit it if Slurm's KillWait leaves time, but never requeue. A TERM overrides an earlier USR2: a user
       who cancels a job that was about to requeue itself means the cancel.
+    - SIGUSR1, "stop" as TERM: where only USR1 and USR2 reach the ranks (mpirun forwards those two and ends the job
+      on a TERM), e.g. Ctrl-C under ``python -m hpc_rl.launch``.
     Installed after submitit's own handlers (submitit ignores SIGTERM and exits from its USR2 handler on rank 0
     only): the controller polls the flag and turns it into "stop at version V".
     """
@@ -139,5 +141,5 @@ class StopFlag:
 
     @property
     def come_back(self) -> bool:
-        """The stop asks for a requeue: USR2 was received and TERM was not."""
-        return signal.SIGUSR2 in self.received and signal.SIGTERM not in self.received
+        """The stop asks for a requeue: USR2 was received and neither TERM nor USR1 was."""
+        return signal.SIGUSR2 in self.received and not {signal.SIGTERM, signal.SIGUSR1} & set(self.received)

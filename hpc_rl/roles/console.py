@@ -95,8 +95,8 @@ def final_eval_line(final: Mapping | None) -> str:
 
 
 ENDINGS = {"finished": "finished", "time_limit": "stopped by its time limit",
-           "preempted": "stopped by a signal (USR2: Ctrl-C or a preemption warning)",
-           "cancelled": "stopped by a signal (TERM)"}
+           "preempted": "stopped by a preemption signal (USR2)",
+           "cancelled": "stopped by a signal (TERM, or USR1: Ctrl-C)"}
 
 
 def summary_block(summary: Mapping) -> str:

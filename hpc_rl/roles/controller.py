@@ -340,8 +340,8 @@ class Controller:
                     f"again resumes")
         elif os.environ.get(LAUNCHED):
             stop = "Ctrl-C stops at the next version and commits it; the same command resumes"
-        else:  # a plain mpirun ends the job on Ctrl-C; a USR2 to this rank is the stop
-            stop = f"kill -USR2 {os.getpid()} stops at the next version and commits it; the same command resumes"
+        else:  # a plain mpirun ends the job on Ctrl-C; a USR1 to this rank is the stop
+            stop = f"kill -USR1 {os.getpid()} stops at the next version and commits it; the same command resumes"
         env = self.config.env
         what = (f"MOBA {env.moba.team_size}v{env.moba.team_size}" if env.is_moba else env.name) + " training"
         resumed = checkpoint_name(self.resume_version) if self.resume_version >= 0 else None

@@ -100,11 +100,6 @@ class RunLayout:
         """TensorBoard's view of metrics.h5."""
         return self.root / "tensorboard"
 
-    @property
-    def replay(self) -> Path:
-        """An animated GIF of one game of the run's latest checkpoint (``python -m hpc_rl.envs.render --run``)."""
-        return self.root / "replay.gif"
-
     def report(self, job: str) -> Path:
         """A job's JSON report (``jobs/<job>.py``)."""
         return self.root / f"{job}.json"
