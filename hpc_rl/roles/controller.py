@@ -392,7 +392,7 @@ class Controller:
             self.tensorboard.close()
         status = {"state": "halted_nonfinite", "version": self.version, "committed": self.committed,
                   "reason": reason, "time": time.time()}
-        self.layout.status.write_text(json.dumps(status) + "\n")
+        write_json_durably(self.layout.status, status)  # readers poll it: they see the old file or the new one
         self.control.abort(f"{reason}. Last committed checkpoint: version {self.committed}. Aborting the job.")
 
     def finish(self) -> None:
@@ -483,7 +483,7 @@ class Controller:
 
     def _write_status(self, state: str) -> None:
         status = {"state": state, "version": self.learners_done, "time": time.time()}
-        self.layout.status.write_text(json.dumps(status) + "\n")
+        write_json_durably(self.layout.status, status)  # readers poll it: they see the old file or the new one
 
     def requeue(self) -> None:
         """After USR2 (Slurm's preemption or time-limit warning): put this job back in the queue, where it will

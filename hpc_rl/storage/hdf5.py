@@ -75,7 +75,7 @@ def replace_durably(tmp: Path, final: Path) -> None:
 def write_json_durably(path: Path, content) -> None:
     """Replace ``path`` with ``content`` as JSON, crash-safely: a reader sees the old file or the new one, whole."""
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    write_new_file(tmp, ((json.dumps(content, indent=2) + "\n").encode(),))
+    write_new_file(tmp, ((json.dumps(content, indent=2, sort_keys=True, default=str) + "\n").encode(),))
     replace_durably(tmp, path)
 
 

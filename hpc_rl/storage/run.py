@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import yaml
 
 from hpc_rl.slurm import slurm_environment
 from hpc_rl.storage.checkpoint import Checkpoint, checkpoint_name, committed_versions, load_checkpoint, load_latest
+from hpc_rl.storage.hdf5 import write_json_durably
 from hpc_rl.storage.layout import RunLayout
 from hpc_rl.storage.metrics import read_metrics
 from hpc_rl.storage.pool import read_pool
@@ -96,9 +96,7 @@ def write_meta(run_dir: str | Path, **fields: Any) -> Path:
         "slurm": slurm_environment(),
         **fields,
     }
-    tmp = layout.meta.with_name(f".{layout.meta.name}.tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, layout.meta)
+    write_json_durably(layout.meta, meta)
     return layout.meta
 
 
