@@ -21,12 +21,13 @@ PANELS = (
     (M.ENV_STEPS_PER_S, "env ranks: env steps / s"),
     (M.LEARNER_SAMPLES_PER_S, "learners: samples / s"),
     (M.INFERENCE_BATCH, "inference: mean batch (observations)"),
-    (M.INFERENCE_MS, "inference: forward pass (ms)"),
+    (M.INFERENCE_PASSES, "inference: forward passes per step"),
+    (M.INFERENCE_MS, "inference: forward passes of a step (ms)"),
 )
 
 # The controller logs 0 for the inference figures of a version in which no inference heartbeat had arrived yet; a
 # rank that served requests never has a mean batch or forward pass of 0, so those rows are left out.
-ZERO_IS_UNREPORTED = {M.INFERENCE_BATCH, M.INFERENCE_MS}
+ZERO_IS_UNREPORTED = {M.INFERENCE_BATCH, M.INFERENCE_PASSES, M.INFERENCE_MS}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -38,7 +39,8 @@ def body(args: argparse.Namespace, out: Output) -> None:
     if not runs:
         raise ValueError(f"no run has any of {[name for name, _ in PANELS]}")
     plt = pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8))
+    axes.flat[-1].axis("off")  # five panels
     table = []
     for i, run in enumerate(runs):
         colour = f"C{i % 10}"
@@ -61,7 +63,7 @@ def body(args: argparse.Namespace, out: Output) -> None:
     axes.flat[0].legend(fontsize=7, loc="best")
     out.figure("throughput.png", fig)
     out.table("throughput.md", "throughput per role (median over versions)",
-              markdown_table(["run", "env steps/s", "learner samples/s", "inference batch", "inference ms",
+              markdown_table(["run", "env steps/s", "learner samples/s", "inference batch", "inference passes", "inference ms",
                               "env steps", "wall seconds"], table))
 
 

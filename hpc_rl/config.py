@@ -152,6 +152,8 @@ class LeagueConfig:
     past_fraction: float = 0.2  # share of self-play games against past versions (OpenAI Five: 20%; 0: off)
     eta: float = 0.01  # quality learning rate: beating past version i lowers q_i by eta / (N p_i)
     cached_policies: int = 4  # past versions an inference rank keeps loaded at once
+    versions_in_play: int = 2  # past versions an inference rank plays at once, each one more forward pass per step
+    #                            (a game drawing another joins the newest in play: league.pool.admit)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.past_fraction <= 1.0:
@@ -160,6 +162,10 @@ class LeagueConfig:
             raise ValueError(f"league.eta must be > 0, got {self.eta}")
         if self.cached_policies < 1:
             raise ValueError(f"league.cached_policies must be >= 1, got {self.cached_policies}")
+        if not 1 <= self.versions_in_play <= self.cached_policies:
+            raise ValueError(f"league.versions_in_play must be in [1, league.cached_policies = {self.cached_policies}] "
+                             f"(a version in play that is not cached is reloaded from its checkpoint), got "
+                             f"{self.versions_in_play}")
 
 
 @dataclass

@@ -41,8 +41,9 @@ def staleness_bin(b: int) -> str:
 # The controller (hpc_rl.roles.controller), from every rank's heartbeats
 ENV_STEPS = "perf/env_steps"
 ENV_STEPS_PER_S = "perf/env_steps_per_s"
-INFERENCE_BATCH = "perf/inference_batch"  # mean observations per forward pass
-INFERENCE_MS = "perf/inference_ms"
+INFERENCE_BATCH = "perf/inference_batch"  # mean observations per step of an inference rank (all its env ranks)
+INFERENCE_PASSES = "perf/inference_passes"  # mean forward passes per step: 1 + the past versions in play
+INFERENCE_MS = "perf/inference_ms"  # mean time of a step's forward passes
 WALL_SECONDS = "perf/wall_seconds"
 WIN_RATE_VS_SCRIPTED = "eval/win_rate_vs_scripted"  # the learning side's games against the bot, last ten versions
 GAMES_VS_SCRIPTED = "eval/games_vs_scripted"

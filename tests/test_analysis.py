@@ -196,6 +196,7 @@ def dirs(tmp_path_factory) -> dict[str, Path]:
     moba["perf/env_steps_per_s"] = [1000.0 + v for v in range(1, n + 1)]
     moba["perf/learner_samples_per_s"] = [500.0] * n
     moba["perf/inference_batch"] = [16.0] * n
+    moba["perf/inference_passes"] = [0.0] * 16 + [1.0] * 4 + [2.0] * (n - 20)
     moba["perf/inference_ms"] = [0.0] * 16 + [2.5] * (n - 16)  # 0: no inference report yet (left out)
     moba["perf/env_steps"] = [1000.0 * v for v in range(1, n + 1)]
     moba["perf/wall_seconds"] = [60.0 * v for v in range(1, n + 1)]
@@ -320,6 +321,7 @@ def test_throughput(dirs, tmp_path):
     rows = {r["run"]: r for r in table(tmp_path / "throughput.md")}
     assert float(rows["moba_run"]["env steps/s"]) == 1015.5  # median of 1001..1030
     assert float(rows["moba_run"]["inference ms"]) == 2.5 and rows["moba_run"]["env steps"] == "30000"
+    assert float(rows["moba_run"]["inference passes"]) == 2.0
     assert float(rows["gym_run"]["env steps/s"]) == 200 and rows["gym_run"]["inference batch"] == "-"
 
 

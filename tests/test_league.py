@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from hpc_rl.league.pool import LATEST, OpponentPool, quality_after_win, softmax
+from hpc_rl.league.pool import LATEST, OpponentPool, VersionsInPlay, admit, quality_after_win, softmax
 from hpc_rl.league.ratings import TrueSkillTable, elo_from_results, nash_average, nash_equilibrium
 
 
@@ -113,3 +113,42 @@ def test_nash_average_is_not_inflated_by_copies_of_a_weak_player():
     assert np.allclose(ratings_with_copies[:3], ratings, atol=1e-4)
     with pytest.raises(ValueError):
         nash_average(np.array([[0.5, 0.9], [0.9, 0.5]]))
+
+
+def test_admit_keeps_a_draw_within_the_bound_and_joins_the_newest_version_beyond_it():
+    assert admit(LATEST, [3, 5], bound=2) == LATEST
+    assert admit(5, [3, 5], bound=2) == 5  # already in play
+    assert admit(7, [3], bound=2) == 7  # room for one more
+    assert admit(7, [3, 5], bound=2) == 5  # full: the version admitted last
+    with pytest.raises(ValueError):
+        admit(7, [], bound=0)
+
+
+def test_versions_in_play_stay_bounded_and_are_played_in_proportion_to_the_pool():
+    """Twelve copies of one inference rank play games of random length; each new game draws from a pool of six
+    versions. At most two versions are ever in play (each one more forward pass per step), yet over many games the
+    past versions are played in the pool's proportions and a fifth of the games are against them."""
+    rng = np.random.default_rng(0)
+    pool = OpponentPool(versions=[1, 2, 3, 4, 5, 6], qualities=[0.0, -0.5, 0.3, -1.0, 0.1, -0.2])
+    in_play = VersionsInPlay(bound=2)
+    opponent = np.full(12, LATEST)
+    left = rng.integers(1, 50, 12)
+    games, most = [], 0
+    for _ in range(60_000):
+        left -= 1
+        for c in np.flatnonzero(left == 0):
+            opponent[c] = LATEST
+            opponent[c] = in_play.opponent(pool.sample(rng), {int(v) for v in opponent[opponent != LATEST]})
+            games.append(int(opponent[c]))
+            left[c] = rng.integers(20, 60)
+        most = max(most, len(set(opponent[opponent != LATEST].tolist())))
+    assert most == 2
+    games = np.array(games)
+    past = games[games != LATEST]
+    assert abs(len(past) / len(games) - 0.2) < 0.01
+    observed = np.array([(past == v).sum() for v in pool.versions])
+    expected = pool.probabilities() * len(past)
+    # Consecutive games share versions, so the counts are overdispersed: compare shares, not a chi-square.
+    assert np.abs(observed / len(past) - expected / len(past)).max() < 0.03, (observed, expected)
+    # Sensitivity: without the pool's probabilities (uniform over versions) the shares would be off by more.
+    assert np.abs(np.full(6, 1 / 6) - pool.probabilities()).max() > 0.06

@@ -9,6 +9,7 @@ quality.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,40 @@ def quality_after_win(q: np.ndarray, i: int, eta: float) -> np.ndarray:
     out = q.copy()
     out[i] -= eta / (len(q) * p[i])
     return out
+
+
+def admit(drawn: int, in_play: Sequence[int], bound: int) -> int:
+    """The opponent of a game starting now, whose draw from the pool was ``drawn``, on an inference rank whose other
+    games play the past versions ``in_play`` (in the order they were admitted, oldest first).
+
+    The draw stands when it is the latest policy, already in play, or when fewer than ``bound`` versions are in play;
+    otherwise the game plays the version admitted last. Each distinct past version in play costs the inference rank
+    one more forward pass per step (~2 ms on a CPU, most of it per-call overhead), so without a bound that cost grew
+    with the pool and the copies per rank, and env throughput fell over a run. Joining the newest version lets the
+    older ones finish their games and leave, so a fresh draw is admitted about once per game length and, over a run,
+    past versions are still played in proportion to the pool's probabilities.
+    """
+    if bound < 1:
+        raise ValueError(f"bound must be >= 1, got {bound}")
+    if drawn == LATEST or drawn in in_play or len(in_play) < bound:
+        return drawn
+    return in_play[-1]
+
+
+class VersionsInPlay:
+    """The past versions one inference rank's games play, in the order they were admitted, at most ``bound``."""
+
+    def __init__(self, bound: int):
+        self.bound = bound
+        self.admitted: list[int] = []
+
+    def opponent(self, drawn: int, playing: set[int]) -> int:
+        """The opponent of a game starting now (``admit``); ``playing``: the past versions its other games play."""
+        self.admitted = [v for v in self.admitted if v in playing]
+        version = admit(drawn, self.admitted, self.bound)
+        if version != LATEST and version not in self.admitted:
+            self.admitted.append(version)
+        return version
 
 
 @dataclass

@@ -195,6 +195,7 @@ class Controller:
         reported = [s for s in inference if "mean_batch" in s]
         if reported:  # nothing is logged before the inference ranks' first report
             metrics[M.INFERENCE_BATCH] = float(np.mean([s["mean_batch"] for s in reported]))
+            metrics[M.INFERENCE_PASSES] = float(np.mean([s["passes"] for s in reported]))
             metrics[M.INFERENCE_MS] = float(np.mean([s["infer_ms"] for s in reported]))
         metrics[M.WALL_SECONDS] = time.monotonic() - self.started
         totals = np.array([sum(s.get(k, 0) for s in env) for k in ("bot_games", "bot_wins", "games", "returns_sum")],

@@ -29,7 +29,7 @@ from hpc_rl.config import TrainConfig
 from hpc_rl.data.batch import SegmentSchema, policy_step_fields
 from hpc_rl.envs.api import EnvSpec
 from hpc_rl.evaluation import policy_from_checkpoint
-from hpc_rl.league.pool import LATEST, OpponentPool
+from hpc_rl.league.pool import LATEST, OpponentPool, VersionsInPlay
 from hpc_rl.model.device import select_device, to_device
 from hpc_rl.model.policy import Policy, PolicyStep, act, hero_indices
 from hpc_rl.roles.common import patiently, seed_for
@@ -122,9 +122,11 @@ class InferenceWorker:
         # The past version plays team 1 in even copies and team 0 in odd ones, so the latest policy learns both sides.
         self.past_side = self.spec.opponent_side(n)  # (copies, agents)
         self.learner_team = 1 - self.spec.opponent_team(n)  # (copies,): the team the latest policy plays
+        self.in_play = VersionsInPlay(config.league.versions_in_play)
         self.results: list[tuple[int, float]] = []
         self.rng: np.random.Generator | None = None
         self.past_games = 0
+        self.passes = 0  # forward passes: one per batch for the latest policy, one per past version in play
 
     def _weights(self) -> np.ndarray:
         """1 for steps of learning agents the policy controls, 0 for the scripted bot's side."""
@@ -162,7 +164,9 @@ class InferenceWorker:
             if past != LATEST and not first:
                 winner = int(message["winner"][c])  # -1: a draw (time limit)
                 self.results.append((past, 0.5 if winner < 0 else float(winner == self.learner_team[c])))
-            self.opponent[e][c] = self.pool.sample(self.rng)
+            self.opponent[e][c] = LATEST  # its game is over
+            playing = {int(v) for o in self.opponent.values() for v in o[o != LATEST]}
+            self.opponent[e][c] = self.in_play.opponent(self.pool.sample(self.rng), playing)
             self.past_games += int(self.opponent[e][c] != LATEST)
 
     def _play_past_versions(self, env_ranks: list[int], obs: dict[str, torch.Tensor], hero: torch.Tensor,
@@ -183,6 +187,7 @@ class InferenceWorker:
             for head, chosen in theirs.actions.items():
                 step.actions[head][idx] = chosen
             step.state[0][idx], step.state[1][idx] = theirs.state
+        self.passes += len(played)
         return weights
 
     def run(self) -> None:
@@ -213,6 +218,7 @@ class InferenceWorker:
         self.link.beat({"segments": self.segments, "samples": self.samples, "version": self.version,
                         "past_games": self.past_games,
                         "mean_batch": self.batch_agents / max(self.batches, 1),
+                        "passes": self.passes / max(self.batches, 1),
                         "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
                         "seconds": time.monotonic() - self.started})
 
@@ -248,12 +254,14 @@ class InferenceWorker:
         step = act(self.policy, obs_t, hero, starts_t, state)
         weights = {e: self.weight for e in env_ranks}
         if self.league:
-            self.receive_pool()
+            if any(self.pending[e] is None or messages[e]["done"].any() for e in env_ranks):
+                self.receive_pool()  # read only to draw the opponents of games starting now (a probe per step costs)
             for e in env_ranks:
                 self._next_games(e, messages[e], first=self.pending[e] is None)
             weights = self._play_past_versions(env_ranks, obs_t, hero, starts_t, state, step)
         self.infer_seconds += time.perf_counter() - t0
         self.batches += 1
+        self.passes += 1
         self.batch_agents += len(env_ranks) * self.per_env
         actions_all = {k: v.cpu().numpy() for k, v in step.actions.items()}
         for i, e in enumerate(env_ranks):
