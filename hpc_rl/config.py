@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -27,6 +27,7 @@ from hpc_rl.transport.config import FULL_POLICIES, TransportConfig
 
 ALLREDUCES = ("horovod", "mpi")
 UNDECAYED_EVENTS = ("win", "loss")  # OpenAI Five: the game-time decay spares the outcome
+WARMUP_OPPONENTS = ("random", "scripted")  # the bots a MOBA curriculum may start against
 
 
 @dataclass
@@ -38,6 +39,13 @@ class EnvConfig:
     moba: MobaConfig = field(default_factory=MobaConfig)
     vs_scripted_fraction: float = 0.25  # MOBA: share of copies where the frozen scripted bot plays one side (win rate)
     step_seconds: float = 1.0 / 7.5  # game seconds per step (reward decay over game time)
+    # MOBA curriculum: until the policy reaches ``warmup_versions``, the copies where the bot plays face
+    # ``warmup_opponent`` ("random" or "scripted") on a map of side ``warmup_map_size`` (0: ``moba``'s; same lanes,
+    # towers and units, so the observations keep their shapes); then the scripted bot on ``moba``'s map.
+    # Evaluations always play ``moba``'s map against the scripted bot. warmup_versions 0: no warm-up.
+    warmup_versions: int = 0
+    warmup_opponent: str = "scripted"
+    warmup_map_size: float = 0.0
 
     def __post_init__(self) -> None:
         if self.name != "moba" and not (self.name.startswith("gym:") and len(self.name) > 4):
@@ -48,6 +56,12 @@ class EnvConfig:
             raise ValueError(f"env.vs_scripted_fraction must be in [0, 1], got {self.vs_scripted_fraction}")
         if self.step_seconds <= 0:
             raise ValueError(f"env.step_seconds must be > 0, got {self.step_seconds}")
+        if self.warmup_versions < 0:
+            raise ValueError(f"env.warmup_versions must be >= 0, got {self.warmup_versions}")
+        if self.warmup_opponent not in WARMUP_OPPONENTS:
+            raise ValueError(f"env.warmup_opponent must be one of {WARMUP_OPPONENTS}, got {self.warmup_opponent!r}")
+        if self.warmup_versions and self.is_moba:
+            self.warmup_moba()  # MobaConfig checks the map size
 
     @property
     def is_moba(self) -> bool:
@@ -62,12 +76,31 @@ class EnvConfig:
         """Copies per env rank in which the scripted bot plays one side (0 outside MOBA): the first ones."""
         return int(round(self.vs_scripted_fraction * self.num_envs)) if self.is_moba else 0
 
-    def make(self, num_envs: int | None = None, first_copy: int = 0) -> VecEnv:
+    def warmup_moba(self) -> MobaConfig:
+        """The curriculum's first game: ``moba`` on a ``warmup_map_size`` map (if set)."""
+        return replace(self.moba, map_size=float(self.warmup_map_size)) if self.warmup_map_size else self.moba
+
+    def warming_up(self, version: int) -> bool:
+        """Do env ranks play the curriculum's warm-up while the policy is at ``version``?"""
+        return self.is_moba and version < self.warmup_versions
+
+    def bot_at(self, version: int) -> str:
+        """The bot env ranks play while the policy is at ``version``."""
+        return self.warmup_opponent if self.warming_up(version) else "scripted"
+
+    def moba_at(self, version: int) -> MobaConfig:
+        """The game env ranks play while the policy is at ``version`` (the curriculum's stage)."""
+        return self.warmup_moba() if self.warming_up(version) else self.moba
+
+    def make(self, num_envs: int | None = None, first_copy: int = 0, version: int | None = None) -> VecEnv:
+        """``num_envs`` copies (default ``num_envs``) from global copy ``first_copy``; MOBA: the game of the
+        curriculum's stage at policy ``version`` (None: ``moba``, the game evaluations play)."""
         n = num_envs or self.num_envs
         if self.is_moba:
             from hpc_rl.envs.moba import MobaEnv
 
-            return MobaEnv(self.moba, n, first_copy=first_copy)
+            moba = self.moba if version is None else self.moba_at(version)
+            return MobaEnv(moba, n, first_copy=first_copy)
         from hpc_rl.envs.gym_adapter import GymVecEnv
 
         return GymVecEnv(self.name[4:], n)

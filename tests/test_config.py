@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from hpc_rl.config import TrainConfig, build_config, register
+from hpc_rl.config import EnvConfig, TrainConfig, build_config, register
 from hpc_rl.launch import mpirun_command, rank_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,3 +91,19 @@ def test_composing_a_config_loads_no_training_stack():
             "TrainConfig().config_hash(); print(sorted(m for m in ('torch', 'numba', 'mpi4py') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_curriculum_stage_of_a_version():
+    env = EnvConfig(warmup_map_size=32.0, warmup_versions=100, warmup_opponent="random")
+    assert env.warming_up(99) and not env.warming_up(100)
+    assert env.moba_at(0).map_size == 32.0 and env.moba_at(100) == env.moba
+    assert (env.bot_at(99), env.bot_at(100)) == ("random", "scripted")
+    assert env.moba_at(0).spec() == env.moba.spec()  # same units, so the same observation shapes
+    assert EnvConfig(warmup_versions=100).moba_at(0) == EnvConfig().moba  # no warm-up map: the run's
+    assert not EnvConfig().warming_up(0) and EnvConfig().bot_at(0) == "scripted"
+    with pytest.raises(ValueError, match="map_size"):
+        EnvConfig(warmup_map_size=10.0, warmup_versions=5)
+    with pytest.raises(ValueError, match="warmup_versions"):
+        EnvConfig(warmup_versions=-1)
+    with pytest.raises(ValueError, match="warmup_opponent"):
+        EnvConfig(warmup_opponent="league")

@@ -19,8 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(600)]
 
 # MOBA 1v1, every copy self-play, half the games against past versions; games end at 48 steps (draws) so that many
-# games start and end within a few versions; every 4th version joins the pool.
+# games start and end within a few versions; every 4th version joins the pool. The first two versions play a
+# curriculum's warm-up on a smaller map (the controller ends it on every env rank).
 LEAGUE = ["env.num_envs=4", "env.vs_scripted_fraction=0", "env.moba.time_limit=48", "league.past_fraction=0.5",
+          "env.warmup_versions=2", "env.warmup_map_size=32",
           "pipeline.segment_len=32", "pipeline.segments_per_batch=1", "pipeline.checkpoint_every=2",
           "pipeline.keep_every=4", "pipeline.keep_last=1", "ppo.num_minibatches=2", "pipeline.final_eval_games=4"]
 AGENT_STEPS = 32 * 4 * 2  # one segment: steps x copies x agents, all trained on when no past version plays
@@ -37,6 +39,7 @@ def _train(runs: Path, versions: int, options: list[str] = LEAGUE, name: str = "
 def test_past_versions_play_and_are_not_trained_on_and_the_pool_survives_a_resume(tmp_path):
     out = _train(tmp_path, 16)
     _check_summary(tmp_path / "league", out.stdout)
+    assert "version 2: the warm-up is over" in (tmp_path / "league/logs/rank_0.log").read_text()
     run = open_run(tmp_path / "league")
     assert run.pool["version"] == [4, 8, 12, 16]  # every keep_every-th committed version joined
     assert set(run.pool["version"]) <= set(run.checkpoint_versions)  # retention keeps them loadable

@@ -50,3 +50,24 @@ def test_runner_trains_on_moba_against_the_scripted_bot(tmp_path):
     run = open_run(tmp_path / "moba")
     assert run.metrics["train/value_loss"]["version"].tolist() == [2, 3]
     assert run.load_checkpoint().version == 3
+
+
+def test_curriculum_warms_up_then_plays_the_scripted_bot_on_the_runs_map(tmp_path):
+    """env.warmup_*: the env rank plays the warm-up bot on the warm-up map until the controller reports
+    env.warmup_versions, then the scripted bot on the run's map; the observations keep their shapes."""
+    config = TrainConfig(run_name="curriculum", runs_dir=str(tmp_path),
+                         env=EnvConfig(num_envs=2, vs_scripted_fraction=0.5, moba=MobaConfig(), warmup_versions=2,
+                                       warmup_opponent="random", warmup_map_size=32.0),
+                         model=ModelConfig(lstm_size=16, embed_size=8), ppo=PPOConfig(epochs=1, num_minibatches=1),
+                         pipeline=PipelineConfig(segment_len=16, segments_per_batch=1, max_versions=4))
+    runner = SerialRunner(config)
+    stages = {}
+
+    def record(run: SerialRunner, metrics: dict) -> bool:
+        stages[run.learner.version] = (run.env_worker.env.config.map_size, type(run.env_worker.bot).__name__)
+        return False
+
+    runner.run(record)
+    assert stages[1] == (32.0, "RandomBot")
+    assert stages[4] == (64.0, "ScriptedBot") and runner.env_worker.bot.config.map_size == 64.0
+    assert runner.env_worker.obs["entities/towers"].shape[2] == 4  # two towers a side on either map

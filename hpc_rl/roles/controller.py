@@ -42,7 +42,7 @@ from hpc_rl.roles.console import progress_line, start_banner, summary_block, tim
 from hpc_rl.roles.control import ControlEndpoint
 from hpc_rl.roles.lifeline import Lifelines
 from hpc_rl.roles.protocol import (TAG_ACCOUNTING, TAG_CHECKPOINT, TAG_DONE, TAG_EVALUATION, TAG_HALT, TAG_HEARTBEAT,
-                                   TAG_METRICS, TAG_POOL, TAG_POOL_RESULT, TAG_STOP)
+                                   TAG_METRICS, TAG_POOL, TAG_POOL_RESULT, TAG_STAGE, TAG_STOP)
 from hpc_rl.slurm import RequeueError, requeue, slurm_job_id
 from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_checkpoint, load_latest,
@@ -102,6 +102,7 @@ class Controller:
         self.committed = resume_version
         self.stop_sent = False
         self.stopped_envs = False
+        self.warming_up = config.env.warming_up(self.version)  # env ranks play the curriculum's warm-up
         self.last_metrics: dict[str, float] = {}  # the latest version's, as written to metrics.h5
         # or "preempted" (USR2: requeue), "cancelled" (TERM) or "time_limit" (pipeline.max_seconds)
         self.stop_reason = "finished"
@@ -186,6 +187,12 @@ class Controller:
 
     def _on_metrics(self, version: int, metrics: dict) -> None:
         self.version = version
+        if self.warming_up and not self.config.env.warming_up(version):
+            self.warming_up = False
+            for rank in self.topology.ranks(Role.ENV):
+                self.control.send(version, rank, TAG_STAGE)
+            log.info("version %d: the warm-up is over, env ranks play the scripted bot on the %g-unit map", version,
+                     self.config.env.moba.map_size)
         env = self._role_stats(Role.ENV)
         inference = self._role_stats(Role.INFERENCE)
         steps = sum(s.get("env_steps", 0) for s in env)

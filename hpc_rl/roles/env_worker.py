@@ -14,6 +14,12 @@ action 0 of every head, a no-op in MOBA); the policy learns to act one step ahea
 In MOBA, the first ``scripted_copies`` copies of every env rank let the frozen scripted bot play one side (team 1 in
 even copies, team 0 in odd ones: ``EnvSpec.opponent_side``): the learning side's games there measure its win rate
 against the bot from both sides, and the inference rank gives the bot's steps no training weight.
+
+The MOBA curriculum (``env.warmup_*``): a run that starts before ``env.warmup_versions`` plays the warm-up (its bot
+``env.warmup_opponent`` on its map) until the controller says the policy reached that version (``TAG_STAGE``); then
+every copy's game is cut off (the step is sent as the end of a game, no winner, not counted) and new games start
+against the scripted bot on the run's map. Games against a warm-up bot other than the scripted one are not counted in
+the win rate against it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from hpc_rl.config import TrainConfig
 from hpc_rl.envs.api import VecEnv
 from hpc_rl.roles.common import patiently, seed_for
 from hpc_rl.roles.control import ControlLink
-from hpc_rl.roles.protocol import TAG_STOP, reply_layout, request_layout
+from hpc_rl.roles.protocol import TAG_STAGE, TAG_STOP, reply_layout, request_layout
 from hpc_rl.transport import StepExchange
 
 
@@ -36,7 +42,9 @@ class EnvWorker:
         """``env`` replaces the one ``config.env`` makes (the serial runner's caller may bring its own)."""
         self.config = config
         self.rank = rank
-        self.env = env if env is not None else config.env.make(first_copy=env_index * config.env.num_envs)
+        self.first_copy = env_index * config.env.num_envs
+        self.warming_up = env is None and config.env.warming_up(version)
+        self.env = env if env is not None else config.env.make(first_copy=self.first_copy, version=version)
         if self.env.num_envs != config.env.num_envs:
             raise ValueError(f"the env has {self.env.num_envs} copies, env.num_envs is {config.env.num_envs}")
         self.spec = self.env.spec
@@ -49,10 +57,9 @@ class EnvWorker:
         self.buffer = np.empty(self.requests.nbytes, np.uint8)
         self.scripted = config.env.scripted_copies()
         self.bot = None
+        self.counts_bot_games = True
         if self.scripted:
-            from hpc_rl.envs.scripted import ScriptedBot
-
-            self.bot = ScriptedBot(config.env.moba)
+            self.bot = self._make_bot(version)
             self.bot_agents = self.spec.opponent_side(self.scripted)  # (scripted copies, agents)
             # The learning side's team in each scripted copy: a game is won when the winner is that team.
             self.learner_team = 1 - self.spec.opponent_team(self.scripted)
@@ -84,6 +91,9 @@ class EnvWorker:
         (the controller said stop). With the action offset, step with the previous action while the inference rank
         computes this one."""
         stop = self.link.receive(TAG_STOP) is not None
+        stage = self.link.receive(TAG_STAGE)
+        if stage is not None and self.warming_up:
+            self._end_warmup(int(stage))
         message = {**self.obs, "events": self.events, "done": self.done, "winner": self.winner,
                    "game_time": (self.game_steps * self.config.env.step_seconds).astype(np.float32),
                    **self.infos, "stop": np.array([stop])}
@@ -93,6 +103,28 @@ class EnvWorker:
         if self.config.pipeline.async_actions:
             self._step(self.previous)
         return True
+
+    def _make_bot(self, version: int):
+        """The bot of the curriculum's stage (the warm-up's while ``warming_up``), on that stage's map."""
+        from hpc_rl.envs.scripted import make_bot
+
+        env = self.config.env
+        name, moba = (env.bot_at(version), env.moba_at(version)) if self.warming_up else ("scripted", env.moba)
+        self.counts_bot_games = name == "scripted"  # the win rate is the one against the scripted bot
+        return make_bot(name, moba, seed=seed_for(self.config.seed, self.rank, version))
+
+    def _end_warmup(self, version: int) -> None:
+        """The curriculum's next stage: the scripted bot on the run's map, new games in every copy (the warm-up's
+        games end here, as draws nobody counts: the inference rank closes their segments' episodes)."""
+        self.warming_up = False
+        self.env = self.config.env.make(first_copy=self.first_copy, version=version)
+        if self.bot is not None:
+            self.bot = self._make_bot(version)
+        self.obs = self.env.reset(seed_for(self.config.seed, self.rank, version))
+        self.events[:] = 0.0
+        self.done[:] = True
+        self.winner[:] = -1
+        self.game_steps[:] = 0
 
     def receive(self) -> None:
         """The reply to the request just sent: step with it (with the action offset: keep it for the next step)."""
@@ -128,7 +160,7 @@ class EnvWorker:
     def _count(self, done: np.ndarray, winner: np.ndarray) -> None:
         self.steps += self.config.env.num_envs
         self.games += int(done.sum())
-        if self.scripted:
+        if self.scripted and self.counts_bot_games:
             vs_bot = done[:self.scripted]
             self.bot_games += int(vs_bot.sum())
             self.bot_wins += int((winner[:self.scripted][vs_bot] == self.learner_team[vs_bot]).sum())

@@ -28,6 +28,7 @@ TAG_POOL = 17  # controller -> inference ranks: the opponent pool {"versions": [
 TAG_POOL_RESULT = 18  # inference rank -> controller: [(past version, score of the learning side), ...]
 TAG_EVALUATION = 19  # evaluator rank -> controller: one version's games against the reference agents
 TAG_HALT = 20  # learner 0 -> controller: the learners halted on non-finite losses (the message says why)
+TAG_STAGE = 21  # controller -> env ranks: the policy reached this version, which ends the curriculum's warm-up
 
 
 def request_layout(spec: EnvSpec, num_envs: int, fp16: bool) -> ArrayLayout:
