@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpc_rl.algo.config import PPOConfig
 from hpc_rl.bench import REPORT_SEEDS, TUNING_SEEDS, e2e, learning, seed_report
 from hpc_rl.config import EnvConfig, LeagueConfig, PipelineConfig, TrainConfig
 from hpc_rl.topology import TopologyConfig
@@ -26,7 +27,7 @@ def test_work_counts_the_global_batch_minibatches_and_shares():
     config = TrainConfig(topology=TopologyConfig(env=2, inference=1, learner=3),
                          env=EnvConfig(num_envs=8, vs_scripted_fraction=0.25),
                          pipeline=PipelineConfig(segment_len=64, segments_per_batch=2),
-                         league=LeagueConfig(past_fraction=0.2))
+                         league=LeagueConfig(past_fraction=0.2), ppo=PPOConfig(epochs=1))
     w = e2e.work(config)
     # 3 learners x 2 segments x 8 copies x 64 steps x 2 heroes
     assert w["samples_per_update"] == 3 * 2 * 8 * 64 * 2

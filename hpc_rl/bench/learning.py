@@ -21,10 +21,12 @@ Thresholds are Gymnasium's ``reward_threshold`` (the "solved" score) except wher
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -209,10 +211,12 @@ def _one(job: tuple[str, str, Task, int, tuple[str, ...]]) -> tuple[str, str, in
     system, env_id, task, seed, overrides = job
     set_torch_threads()
     started = time.perf_counter()
-    if system == "hpc_rl":
-        result = run_hpc_rl(env_id, task, seed, overrides)
-    else:
-        result = run_sb3(env_id, task, seed)
+    # A worker process writes to the bench's own stdout, which carries the JSON alone: progress goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        if system == "hpc_rl":
+            result = run_hpc_rl(env_id, task, seed, overrides)
+        else:
+            result = run_sb3(env_id, task, seed)
     result["wall_seconds"] = time.perf_counter() - started
     return system, env_id, seed, result
 
