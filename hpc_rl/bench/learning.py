@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import multiprocessing
 import statistics
@@ -218,6 +219,10 @@ def _one(job: tuple[str, str, Task, int, tuple[str, ...]]) -> tuple[str, str, in
         else:
             result = run_sb3(env_id, task, seed)
     result["wall_seconds"] = time.perf_counter() - started
+    # Each run's figures as it ends, on stderr: a suite stopped early still says what it measured.
+    print(json.dumps({"system": system, "task": env_id, "seed": seed,
+                      **{k: None if isinstance(v, float) and math.isinf(v) else v for k, v in result.items()}}),
+          file=sys.stderr, flush=True)
     return system, env_id, seed, result
 
 
@@ -254,10 +259,9 @@ def run(args) -> dict:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     tasks = tasks_of(args)
     # Task, seed, then system: the two systems' runs of one (task, seed) are neighbours, so with two workers they
-    # run side by side. The largest budgets first, so that the last runs to finish are short ones.
+    # run side by side.
     overrides = tuple(getattr(args, "overrides", ()))
-    by_budget = sorted(tasks.items(), key=lambda item: -item[1].max_steps)
-    jobs = [(system, env_id, task, seed, overrides) for env_id, task in by_budget for seed in args.seeds
+    jobs = [(system, env_id, task, seed, overrides) for env_id, task in tasks.items() for seed in args.seeds
             for system in args.systems]
     started = time.perf_counter()
     if args.jobs == 1:
