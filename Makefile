@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 PYTEST_ARGS ?=
-BENCHES ?= env transport learner cartpole e2e
+BENCHES ?= env transport learner learning e2e
 export OMP_NUM_THREADS := 1
 
 .PHONY: setup test test-fast train bench reproduce reproduce-1v1 cluster-up cluster-down clean help

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field, replace
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_rl.algo.rewards import RewardConfig
-from hpc_rl.algo.schedules import Schedule
 from hpc_rl.envs.api import VecEnv
 from hpc_rl.envs.moba_config import REWARD_EVENTS, MobaConfig
 from hpc_rl.model.config import ModelConfig
@@ -120,7 +119,10 @@ class PipelineConfig:
     segment_len: int = 64  # steps per segment (64-256: GAE needs far more than 1/(1-λ) steps)
     segments_per_batch: int = 4  # segments in one learner's batch (the global batch is this × learners)
     staleness_queue: int = 0  # hold segments back this many versions (OpenAI Five's queue length ablation)
-    target_reuse: float = 1.0  # samples consumed / produced the learners keep to (consumed counts every PPO epoch)
+    # Samples consumed / produced the learners keep to (consumed counts every PPO epoch); None: ppo.epochs, i.e. every
+    # sample feeds one update (on-policy PPO), whatever the epochs. A lower value throttles the learners: with
+    # epochs > 1 and a target of 1 they would train on one batch in ``epochs`` and waste the others.
+    target_reuse: float | None = None
     ring_slots: int = 8  # slots in every learner's experience ring
     full_policy: str = "block"  # ring full: "block" (exactly-once) or "drop_oldest" (counted)
     publish_every: int = 1  # optimizer updates per published version
@@ -155,7 +157,7 @@ class PipelineConfig:
                 raise ValueError(f"pipeline.{name} must be >= 1, got {getattr(self, name)}")
         if self.staleness_queue < 0:
             raise ValueError(f"pipeline.staleness_queue must be >= 0, got {self.staleness_queue}")
-        if self.target_reuse < 1.0:
+        if self.target_reuse is not None and self.target_reuse < 1.0:
             raise ValueError(f"pipeline.target_reuse must be >= 1 (a sample is consumed at least once), got "
                              f"{self.target_reuse}")
         if self.full_policy not in FULL_POLICIES:
@@ -218,12 +220,6 @@ class EvaluationConfig:
             raise ValueError(f"evaluation.seed must be >= 0, got {self.seed}")
 
 
-def _default_ppo() -> PPOConfig:
-    # One PPO epoch: each sample feeds one gradient step, so sample reuse is 1 (OpenAI Five's target).
-    return PPOConfig(lr=Schedule(3e-4, kind="constant"), entropy_coef=Schedule(0.01, kind="constant"),
-                     gamma=Schedule(0.995, kind="constant"), epochs=1, num_minibatches=4)
-
-
 @dataclass
 class TrainConfig:
     """One training run."""
@@ -233,7 +229,7 @@ class TrainConfig:
     seed: int = 0  # seeds torch on every rank, and env ranks as (seed, rank, version)
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    ppo: PPOConfig = field(default_factory=_default_ppo)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
@@ -270,6 +266,11 @@ class TrainConfig:
             raise ValueError(f"the learning rate must be >= 0, got schedule {self.ppo.lr}")
 
     @property
+    def target_reuse(self) -> float:
+        """``pipeline.target_reuse``, or ``ppo.epochs`` where it is None (every sample feeds one update)."""
+        return self.ppo.epochs if self.pipeline.target_reuse is None else self.pipeline.target_reuse
+
+    @property
     def uses_league(self) -> bool:
         """Past versions play some self-play games: MOBA, league.past_fraction > 0 and copies without the bot."""
         return (self.env.is_moba and self.league.past_fraction > 0
@@ -301,15 +302,28 @@ def _writable(node: DictConfig) -> DictConfig:
     return node
 
 
+def _if_moba(moba_value, other_value, *, _root_):
+    """The ``${moba:A,B}`` resolver of conf/train.yaml: A when the composed job's env.name is "moba", else B. The
+    MOBA keeps its own learning settings there while ``env.name=gym:<id>`` on the default job gets the defaults."""
+    return moba_value if _root_.env.name == "moba" else other_value
+
+
+def _register_resolvers() -> None:
+    if not OmegaConf.has_resolver("moba"):
+        OmegaConf.register_new_resolver("moba", _if_moba)
+
+
 def register() -> None:
     """Register the schema as ``train_schema`` in Hydra's ConfigStore (conf/train.yaml extends it)."""
     from hydra.core.config_store import ConfigStore
 
+    _register_resolvers()
     ConfigStore.instance().store(name="train_schema", node=_writable(OmegaConf.structured(TrainConfig)))
 
 
 def build_config(cfg: DictConfig | dict) -> TrainConfig:
     """A validated TrainConfig from a composed Hydra config (extra keys such as ``hydra`` are ignored)."""
+    _register_resolvers()
     if isinstance(cfg, dict):
         cfg = OmegaConf.create(cfg)
     schema = _writable(OmegaConf.structured(TrainConfig))

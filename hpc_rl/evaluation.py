@@ -36,7 +36,11 @@ Player = Policy | str  # a policy, or the name of a reference bot ("random", "sc
 def policy_from_checkpoint(ckpt: Checkpoint, config: TrainConfig) -> Policy:
     """The policy (parameters and observation normaliser) of a loaded checkpoint, in eval mode."""
     policy = Policy(config.env.make(num_envs=1).spec, config.model)
-    policy.load_state_dict(to_torch_tree(ckpt.sections["params"]))
+    params = to_torch_tree(ckpt.sections["params"])
+    # Checkpoints from before value normalisation hold no value statistics: their heads predicted raw returns.
+    params.setdefault("value_mean", torch.zeros(()))
+    params.setdefault("value_std", torch.ones(()))
+    policy.load_state_dict(params)
     return policy.eval()
 
 
@@ -45,7 +49,11 @@ def load_policy(run_dir: str | Path, version: int | None = None) -> tuple[Policy
     run = open_run(run_dir)
     if not run.layout.config.exists():
         raise FileNotFoundError(f"{run_dir} has no {run.layout.config.name}: not a training run's directory")
-    config = build_config(yaml.safe_load(run.layout.config.read_text()))
+    raw = yaml.safe_load(run.layout.config.read_text())
+    # A run written before the core and value normalisation were settings trained an LSTM with unnormalised values.
+    raw.setdefault("model", {}).setdefault("core", "lstm")
+    raw.setdefault("ppo", {}).setdefault("value_norm", False)
+    config = build_config(raw)
     if version is not None and version not in (committed := run.checkpoint_versions):
         shown = committed if len(committed) <= 6 else [*committed[:3], "...", *committed[-3:]]
         raise FileNotFoundError(f"{run_dir} has no checkpoint of version {version} (committed: "

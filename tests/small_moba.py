@@ -25,7 +25,7 @@ def one_torch_thread():
 
 def small_config(time_limit: int) -> TrainConfig:
     return TrainConfig(env=EnvConfig(moba=MobaConfig(time_limit=time_limit)),
-                       model=ModelConfig(lstm_size=16, embed_size=8))
+                       model=ModelConfig(core="lstm", lstm_size=16, embed_size=8))
 
 
 def seeded_policy(config: TrainConfig, seed: int) -> Policy:

@@ -20,7 +20,7 @@ POLICY_AGENTS = np.array([[True, False], [False, True], [True, True]])
 
 def _policy(spec, seed: int = 0) -> Policy:
     torch.manual_seed(seed)
-    return Policy(spec, ModelConfig(lstm_size=16, embed_size=8)).eval()
+    return Policy(spec, ModelConfig(core="lstm", lstm_size=16, embed_size=8)).eval()
 
 
 def _assert_legal(obs, actions, agents) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpc_rl.bench import REPORT_SEEDS, TUNING_SEEDS, cartpole, e2e, seed_report
+from hpc_rl.algo.config import PPOConfig
+from hpc_rl.bench import REPORT_SEEDS, TUNING_SEEDS, e2e, learning, seed_report
 from hpc_rl.config import EnvConfig, LeagueConfig, PipelineConfig, TrainConfig
 from hpc_rl.topology import TopologyConfig
 
@@ -26,7 +27,7 @@ def test_work_counts_the_global_batch_minibatches_and_shares():
     config = TrainConfig(topology=TopologyConfig(env=2, inference=1, learner=3),
                          env=EnvConfig(num_envs=8, vs_scripted_fraction=0.25),
                          pipeline=PipelineConfig(segment_len=64, segments_per_batch=2),
-                         league=LeagueConfig(past_fraction=0.2))
+                         league=LeagueConfig(past_fraction=0.2), ppo=PPOConfig(epochs=1))
     w = e2e.work(config)
     # 3 learners x 2 segments x 8 copies x 64 steps x 2 heroes
     assert w["samples_per_update"] == 3 * 2 * 8 * 64 * 2
@@ -71,10 +72,10 @@ def test_learning_is_reported_on_seeds_the_defaults_were_not_tuned_on():
     assert seed_report(list(REPORT_SEEDS), allow_tuning_seeds=False) == {
         "seeds": list(REPORT_SEEDS), "tuning_seeds": list(TUNING_SEEDS), "tuning_seeds_reported": []}
     # Refused before any training starts (the run would take minutes), naming the seed and the way out.
-    args = Namespace(seeds=[3, 1], allow_tuning_seeds=False, max_steps=512, eval_every=512, eval_episodes=1,
-                     skip_sb3=True)
+    args = Namespace(seeds=[3, 1], allow_tuning_seeds=False, tasks=["CartPole-v1"], systems=["hpc_rl"], jobs=1,
+                     max_steps=512, eval_every=512, eval_episodes=1)
     with pytest.raises(ValueError, match=r"seeds \[1\] chose the learning defaults.*--allow-tuning-seeds"):
-        cartpole.run(args)
+        learning.run(args)
     assert seed_report([3, 1], allow_tuning_seeds=True)["tuning_seeds_reported"] == [1]
 
 
@@ -82,3 +83,19 @@ def test_ablation_sweeps_run_seeds_the_defaults_were_not_tuned_on():
     for path in sorted((ROOT / "conf/ablation").glob("*.yaml")):
         seeds = str(yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"]["seed"])
         assert not {int(s) for s in seeds.split(",")} & set(TUNING_SEEDS), path.name
+
+
+def test_learning_bench_runs_both_systems_and_counts_a_missed_budget_as_unsolved():
+    """The suite's JSON on a budget far too small to solve CartPole (475 within 1,024 steps): the shape the docs
+    promise, and a miss is unsolved with a null median, not a number."""
+    args = Namespace(seeds=[3], allow_tuning_seeds=False, tasks=["CartPole-v1"], systems=["hpc_rl", "sb3"], jobs=1,
+                     max_steps=1024, eval_every=512, eval_episodes=2)
+    out = learning.run(args)
+    task = out["tasks"]["CartPole-v1"]
+    assert task["threshold"] == 475.0 and out["seeds"] == [3]
+    for system in ("hpc_rl", "sb3"):
+        figures = task[system]
+        assert figures["seeds"] == 1 and figures["solved"] == 0, figures
+        assert figures["median_steps"] is None and figures["median_seconds"] is None
+        assert figures["per_seed_steps"] == [None] and figures["per_seed_final_return"][0] < 475
+    assert learning.TASKS.keys() >= {"CartPole-v1", "Acrobot-v1", "MountainCar-v0", "LunarLander-v3"}

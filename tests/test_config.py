@@ -26,6 +26,19 @@ def test_default_config_is_moba_1v1_on_six_ranks():
     assert cfg.ppo.epochs == 1  # sample reuse 1 by default
 
 
+def test_a_gymnasium_env_on_the_default_job_gets_the_default_learning_settings():
+    """conf/train.yaml keeps the MOBA's learning settings for env.name=moba only (``${moba:A,B}``); its B side must be
+    the dataclass default, or `env.name=gym:<id>` would run settings nobody measured."""
+    gym, default = _compose("env.name=gym:Acrobot-v1"), TrainConfig()
+    assert (gym.model, gym.ppo, gym.pipeline.target_reuse) == (default.model, default.ppo, default.pipeline.target_reuse)
+    moba = _compose()
+    assert (moba.model.core, moba.ppo.lr(0), moba.ppo.entropy_coef(0), moba.ppo.gamma(0), moba.ppo.value_norm,
+            moba.target_reuse) == ("lstm", 3e-4, 0.01, 0.995, False, 1.0)
+    assert _compose("env=moba_5v5").model.core == "lstm"
+    # A command-line override wins over either side.
+    assert _compose("env.name=gym:Acrobot-v1", "ppo.epochs=3").target_reuse == 3
+
+
 @pytest.mark.parametrize("override, message", [
     ("env.name=starcraft", "env.name must be 'moba' or 'gym:<id>'"),
     ("ppo.lr.start=-0.001", "learning rate must be >= 0"),

@@ -15,7 +15,7 @@ from hpc_rl.model.config import ModelConfig
 from hpc_rl.roles.protocol import request_layout
 from hpc_rl.runner import SerialRunner
 
-MODEL = ModelConfig(lstm_size=16, embed_size=8)
+MODEL = ModelConfig(core="lstm", lstm_size=16, embed_size=8)
 SEGMENT = 32
 
 

@@ -77,7 +77,7 @@ def slow_returns(policy: Policy, env, seed: int) -> list[float]:
 def test_greedy_return_matches_a_hand_written_loop():
     env = GymVecEnv("CartPole-v1", 6)
     torch.manual_seed(0)
-    policy = Policy(env.spec, ModelConfig(lstm_size=16, embed_size=8)).eval()
+    policy = Policy(env.spec, ModelConfig(core="lstm", lstm_size=16, embed_size=8)).eval()
     returns = evaluate_return(policy, env, seed=11)
     assert returns.shape == (6,)
     assert returns.tolist() == slow_returns(policy, env, seed=11)

@@ -45,7 +45,7 @@ def run(policy, obs, actions=None, deterministic=False, hero=None):
 @pytest.mark.parametrize("pooling", ["attention", "max"])
 def test_sampled_actions_respect_every_mask(pooling):
     torch.manual_seed(0)
-    policy = Policy(SPEC, ModelConfig(lstm_size=16, embed_size=8, entity_pooling=pooling))
+    policy = Policy(SPEC, ModelConfig(core="lstm", lstm_size=16, embed_size=8, entity_pooling=pooling))
     obs = random_obs(SPEC, 512)
     step = run(policy, obs)
     a, m, t = step.actions["action"][0], step.actions["move"][0], step.actions["target"][0]
@@ -60,7 +60,7 @@ def test_sampled_actions_respect_every_mask(pooling):
 
 def test_logp_is_sum_of_the_heads_the_action_uses():
     torch.manual_seed(1)
-    policy = Policy(SPEC, ModelConfig(lstm_size=16, embed_size=8))
+    policy = Policy(SPEC, ModelConfig(core="lstm", lstm_size=16, embed_size=8))
     obs = random_obs(SPEC, 3)
     actions = {"action": torch.tensor([[1, 2, 0]]), "move": torch.tensor([[0, 0, 0]]),
                "target": torch.tensor([[0, 0, 0]])}
@@ -80,7 +80,7 @@ def test_logp_is_sum_of_the_heads_the_action_uses():
 
 def test_target_distribution_is_gated_by_the_chosen_action():
     torch.manual_seed(2)
-    policy = Policy(SPEC, ModelConfig(lstm_size=16, embed_size=8))
+    policy = Policy(SPEC, ModelConfig(core="lstm", lstm_size=16, embed_size=8))
     obs = random_obs(SPEC, 1)
     obs["action_mask"][:] = True
     obs["target_mask"][:] = True
@@ -97,7 +97,7 @@ def test_target_distribution_is_gated_by_the_chosen_action():
 
 def test_all_masked_rows_give_no_nan_and_no_contribution():
     torch.manual_seed(3)
-    policy = Policy(SPEC, ModelConfig(lstm_size=16, embed_size=8))
+    policy = Policy(SPEC, ModelConfig(core="lstm", lstm_size=16, embed_size=8))
     obs = random_obs(SPEC, 2)
     obs["target_mask"][:] = False
     obs["move_mask"][:] = False
@@ -121,7 +121,7 @@ def test_all_masked_rows_give_no_nan_and_no_contribution():
 @pytest.mark.parametrize("pooling", ["attention", "max"])
 def test_absent_units_do_not_change_the_output(pooling):
     torch.manual_seed(4)
-    policy = Policy(SPEC, ModelConfig(lstm_size=16, embed_size=8, entity_pooling=pooling))
+    policy = Policy(SPEC, ModelConfig(core="lstm", lstm_size=16, embed_size=8, entity_pooling=pooling))
     obs = random_obs(SPEC, 4)
     before = run(policy, obs, deterministic=True)
     changed = {k: v.clone() for k, v in obs.items()}
@@ -137,7 +137,7 @@ def test_absent_units_do_not_change_the_output(pooling):
 def test_hero_index_is_an_input():
     assert hero_indices(SPEC).tolist() == [0, 1, 0, 1]
     torch.manual_seed(5)
-    policy = Policy(SPEC, ModelConfig(lstm_size=16, embed_size=8))
+    policy = Policy(SPEC, ModelConfig(core="lstm", lstm_size=16, embed_size=8))
     obs = random_obs(SPEC, 1)
     v0 = run(policy, obs, deterministic=True, hero=torch.tensor([[0]])).value
     v1 = run(policy, obs, deterministic=True, hero=torch.tensor([[1]])).value
@@ -145,7 +145,7 @@ def test_hero_index_is_an_input():
 
 
 def test_flat_spec_has_only_action_and_value_heads():
-    policy = Policy(FLAT, ModelConfig(lstm_size=8, embed_size=8))
+    policy = Policy(FLAT, ModelConfig(core="lstm", lstm_size=8, embed_size=8))
     assert policy.move_head is None and policy.target_query is None and len(policy.entity_nets) == 0
     assert policy.type_embed is None and policy.pool_query is None
     obs = random_obs(FLAT, 5)
@@ -159,13 +159,41 @@ def test_flat_spec_has_only_action_and_value_heads():
 
 def test_lstm_state_carries_and_resets():
     torch.manual_seed(6)
-    policy = Policy(FLAT, ModelConfig(lstm_size=8, embed_size=8))
+    policy = Policy(FLAT, ModelConfig(core="lstm", lstm_size=8, embed_size=8))
     obs = {k: v.expand(3, *v.shape[1:]).clone() for k, v in random_obs(FLAT, 2).items()}
     starts = torch.tensor([[True, True], [False, True], [False, True]])
     step = policy(obs, torch.zeros(3, 2, dtype=torch.long), starts, policy.initial_state(2))
     # Column 1 restarts every step on the same observation: the same value each time; column 0 carries state.
     assert step.value[0, 1].item() == pytest.approx(step.value[2, 1].item())
     assert step.value[0, 0].item() != pytest.approx(step.value[2, 0].item(), abs=1e-7)
+
+
+def test_feed_forward_core_decides_each_step_from_its_observation():
+    torch.manual_seed(6)
+    policy = Policy(FLAT, ModelConfig(core="mlp", lstm_size=8, embed_size=8))
+    assert policy.lstm is None
+    obs = {k: v.expand(3, *v.shape[1:]).clone() for k, v in random_obs(FLAT, 2).items()}
+    starts = torch.tensor([[True, True], [False, True], [False, True]])
+    state = policy.initial_state(2)
+    step = policy(obs, torch.zeros(3, 2, dtype=torch.long), starts, state)
+    # No memory: the same observation gives the same value whether or not a game started; the state stays zero.
+    assert step.value[0, 0].item() == pytest.approx(step.value[2, 0].item())
+    assert all(torch.equal(s, torch.zeros_like(s)) for s in step.state)
+    with pytest.raises(ValueError, match="core 'gru' is not one of"):
+        ModelConfig(core="gru")
+
+
+def test_value_head_predicts_standardised_returns_reported_in_reward_units():
+    torch.manual_seed(7)
+    policy = Policy(FLAT, ModelConfig(lstm_size=8, embed_size=8))
+    obs = random_obs(FLAT, 4)
+    raw = run(policy, obs).value
+    policy.set_value_normalizer(50.0, 10.0)
+    scaled = run(policy, obs).value
+    assert torch.allclose(scaled, raw * 10.0 + 50.0, atol=1e-5)
+    assert torch.allclose(policy.normalized_value(scaled), raw, atol=1e-5)
+    # The statistics travel with the parameters (inference ranks report values in reward units too).
+    assert policy.state_dict()["value_mean"].item() == 50.0 and policy.state_dict()["value_std"].item() == 10.0
 
 
 def test_device_selection_runs_on_cpu_here():

@@ -28,7 +28,7 @@ def test_step_layouts_follow_the_env_spec():
 
 def test_parameter_payload_round_trips_with_its_version():
     torch.manual_seed(0)
-    source, target = Policy(SPEC, ModelConfig(lstm_size=8, embed_size=8)), Policy(SPEC, ModelConfig(lstm_size=8,
+    source, target = Policy(SPEC, ModelConfig(core="lstm", lstm_size=8, embed_size=8)), Policy(SPEC, ModelConfig(core="lstm", lstm_size=8,
                                                                                                      embed_size=8))
     payload = encode_parameters(17, source)
     assert payload.nbytes == parameter_bytes(source)

@@ -27,7 +27,7 @@ from hpc_rl.roles.protocol import TAG_POOL_RESULT
 from hpc_rl.runner import SerialRunner
 from hpc_rl.storage import read_metrics
 
-MODEL = ModelConfig(lstm_size=16, embed_size=8)
+MODEL = ModelConfig(core="lstm", lstm_size=16, embed_size=8)
 
 
 def held(k: int, samples: float = 4.0) -> Held:
@@ -39,7 +39,7 @@ def ids(segments) -> list[int]:
 
 
 def test_the_staleness_queue_holds_the_newest_segments_back():
-    store = SegmentStore(PipelineConfig(segments_per_batch=2, staleness_queue=1, buffer_batches=2))
+    store = SegmentStore(PipelineConfig(segments_per_batch=2, staleness_queue=1, buffer_batches=2), 1.0, 1)
     store.add([held(k) for k in range(3)])
     # 2 (one batch) wait in the queue: only the oldest is out.
     assert [h.queued for h in store.held] == [False, True, True]
@@ -49,7 +49,7 @@ def test_the_staleness_queue_holds_the_newest_segments_back():
 
 
 def test_the_bound_drops_the_oldest_and_counts_the_unused():
-    store = SegmentStore(PipelineConfig(segments_per_batch=2, staleness_queue=0, buffer_batches=2))
+    store = SegmentStore(PipelineConfig(segments_per_batch=2, staleness_queue=0, buffer_batches=2), 1.0, 1)
     store.add([held(k) for k in range(3)])
     for h in store.choose():
         h.uses += 1
@@ -60,7 +60,7 @@ def test_the_bound_drops_the_oldest_and_counts_the_unused():
 
 
 def test_segments_feed_at_most_ceil_target_reuse_updates_least_used_first():
-    store = SegmentStore(PipelineConfig(segments_per_batch=2, target_reuse=1.5, buffer_batches=4))
+    store = SegmentStore(PipelineConfig(segments_per_batch=2, target_reuse=1.5, buffer_batches=4), 1.5, 1)
     store.add([held(k) for k in range(3)])
     first = store.choose()
     assert ids(first) == [0, 1]
@@ -70,6 +70,24 @@ def test_segments_feed_at_most_ceil_target_reuse_updates_least_used_first():
     for h in store.choose():
         h.uses += 1
     assert ids(store.choose()) == [1, 2]  # 0 has reached ceil(1.5) = 2 uses
+    for h in store.choose():
+        h.uses += 1
+    assert store.choose() == []
+
+
+def test_the_default_reuse_target_trains_every_sample_once_whatever_the_epochs():
+    """target_reuse None is ppo.epochs: the throttle lets an update of E epochs through for every batch produced
+    (a target of 1 would let one in E through and waste the rest), and a segment feeds one update."""
+    config = TrainConfig(ppo=PPOConfig(epochs=4), pipeline=PipelineConfig(segments_per_batch=2))
+    assert config.pipeline.target_reuse is None and config.target_reuse == 4
+    produced_one_batch = {"not_ready": 0, "produced": 512.0, "consumed": 0.0, "next_batch": 512.0}
+    assert may_update(produced_one_batch, epochs=4, target_reuse=config.target_reuse)
+    assert not may_update(produced_one_batch, epochs=4, target_reuse=1.0)
+    store = SegmentStore(config.pipeline, config.target_reuse, config.ppo.epochs)
+    store.add([held(k) for k in range(4)])
+    for h in store.choose():
+        h.uses += 1
+    assert ids(store.choose()) == [2, 3]
     for h in store.choose():
         h.uses += 1
     assert store.choose() == []

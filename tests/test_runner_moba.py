@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_runner_trains_on_moba_against_the_scripted_bot(tmp_path):
     config = TrainConfig(run_name="moba", runs_dir=str(tmp_path),
                          env=EnvConfig(num_envs=4, vs_scripted_fraction=1.0, moba=MobaConfig()),
-                         model=ModelConfig(lstm_size=32, embed_size=16), ppo=PPOConfig(epochs=1, num_minibatches=2),
+                         model=ModelConfig(core="lstm", lstm_size=32, embed_size=16), ppo=PPOConfig(epochs=1, num_minibatches=2),
                          pipeline=PipelineConfig(segment_len=32, segments_per_batch=1, max_versions=3))
     runner = SerialRunner(config)
     batch = runner.collect()

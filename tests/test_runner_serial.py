@@ -10,6 +10,7 @@ import torch
 
 from hpc_rl.algo.bptt import from_chunks, to_chunks
 from hpc_rl.algo.config import PPOConfig
+from hpc_rl.algo.gae import gae
 from hpc_rl.algo.learner import Learner
 from hpc_rl.algo.normalizer import NormStats
 from hpc_rl.algo.schedules import constant
@@ -20,7 +21,7 @@ from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.policy import Policy
 from hpc_rl.runner import SerialRunner
 
-MODEL = ModelConfig(lstm_size=16, embed_size=16)
+MODEL = ModelConfig(core="lstm", lstm_size=16, embed_size=16)
 PPO = PPOConfig(lr=constant(1e-3), gamma=constant(0.98), lam=0.8, epochs=2, num_minibatches=2)
 
 
@@ -77,6 +78,11 @@ def test_update_trains_and_ships_the_normaliser(tmp_path):
     assert norm.stats.count == 256
     np.testing.assert_allclose(norm.stats.mean, stats.mean, rtol=1e-6)
     np.testing.assert_allclose(runner.policy.obs_mean_0.numpy(), stats.mean, rtol=1e-5)
+    # Value normalisation: the statistics of the update's value targets ship inside the policy as well.
+    _, returns = gae(batch.reward, batch.value, batch.done.float(), batch.bootstrap_value, 0.98, 0.8)
+    assert runner.learner.value_normalizer.stats.count == 256
+    assert runner.policy.value_mean.item() == pytest.approx(returns.mean().item(), rel=1e-4)
+    assert runner.policy.value_std.item() == pytest.approx(returns.std(unbiased=False).item(), rel=1e-2)
     # The next segment is played with the published parameters and normaliser: behaviour = learner's view again.
     # Its first step was acted on in the pass that shipped the previous segment, before the update (version 0), so
     # the first chunk's LSTM states carry version 0's step; from the second chunk's stored state on, replay is exact.

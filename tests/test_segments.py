@@ -10,7 +10,7 @@ from hpc_rl.envs.moba import MobaConfig
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.runner import SerialRunner
 
-MODEL = ModelConfig(lstm_size=16, embed_size=8)
+MODEL = ModelConfig(core="lstm", lstm_size=16, embed_size=8)
 
 
 @pytest.fixture(scope="module")

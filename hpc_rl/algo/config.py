@@ -11,7 +11,9 @@ from hpc_rl.algo.schedules import Schedule, constant
 class PPOConfig:
     """The learner's hyperparameters; schedules are functions of the policy version."""
 
-    lr: Schedule = field(default_factory=lambda: constant(3e-4))  # Adam learning rate
+    # The defaults are one configuration for every task (docs/LEARNING.md measures each choice): CleanRL's and
+    # Stable-Baselines3's PPO conventions, with 10 epochs at 1e-3 for sample efficiency on small batches.
+    lr: Schedule = field(default_factory=lambda: constant(1e-3))  # Adam learning rate
     entropy_coef: Schedule = field(default_factory=lambda: constant(0.0))  # weight of the entropy bonus
     gamma: Schedule = field(default_factory=lambda: constant(0.99))  # discount
     team_spirit: Schedule = field(default_factory=lambda: constant(0.0))  # τ: share of the team's mean reward
@@ -20,7 +22,11 @@ class PPOConfig:
     dual_clip: float | None = 3.0  # Honor of Kings' lower bound c for negative advantages; None: plain PPO
     value_coef: float = 0.5  # weight of the value loss
     value_clip: float | None = None  # PPO2's value clip around the behaviour value; None: unclipped
-    epochs: int = 4  # passes over each batch
+    # The value head learns returns standardised by their running mean and std (the learners' statistics of every
+    # return they trained on): the value loss has the same scale whatever the rewards' scale, so value_coef needs no
+    # per-task tuning (without it CartPole's returns near 1/(1 − γ) swamp the policy gradient).
+    value_norm: bool = True
+    epochs: int = 10  # passes over each batch
     num_minibatches: int = 4  # minibatches per pass, split along BPTT chunks
     normalize_advantages: bool = True  # z-score advantages over the whole batch (of every learner)
     clip_k: float = 5.0  # OpenAI Five's per-parameter clip to ±k√v

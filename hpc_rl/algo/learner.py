@@ -43,6 +43,7 @@ class Learner:
         widths = {"global": policy.spec.global_features, **{f"entities/{e.name}": e.num_features
                                                             for e in policy.spec.entities}}
         self.normalizers = {key: RunningNormalizer(widths[key]) for key in policy.norm_keys}
+        self.value_normalizer = RunningNormalizer(1) if config.value_norm else None
         self.version = 0
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -53,6 +54,10 @@ class Learner:
                                   cfg.gamma(self.version), cfg.lam)
         if cfg.normalize_advantages:
             advantages = normalize_advantages(advantages, batch.weight, self.allreduce_sum)
+        if self.value_normalizer is not None:
+            # The targets of this update join the statistics first, so the head is never asked for a value far
+            # outside the units it predicts in (the advantages above used the behaviour values, in reward units).
+            self._update_value_normalizer(returns, batch.weight)
 
         chunk_len = self.policy.config.chunk_len
         chunked = {
@@ -86,7 +91,9 @@ class Learner:
                 w = chunked["weight"][:, idx]
                 pl, stats = dual_clip_policy_loss(out.logp, chunked["logp"][:, idx], chunked["adv"][:, idx],
                                                   cfg.clip_eps, cfg.dual_clip, w)
-                vl = value_loss(out.value, chunked["value"][:, idx], chunked["ret"][:, idx], cfg.value_clip, w)
+                scale = self.policy.normalized_value
+                vl = value_loss(scale(out.value), scale(chunked["value"][:, idx]), scale(chunked["ret"][:, idx]),
+                                cfg.value_clip, w)
                 ent = entropy_bonus(out.entropy, w)
                 loss = pl + cfg.value_coef * vl - entropy_coef * ent
                 self.optimizer.zero_grad(set_to_none=False)
@@ -129,12 +136,25 @@ class Learner:
             mean, std = normalizer.mean_std()
             self.policy.set_normalizer(key, torch.from_numpy(mean), torch.from_numpy(std))
 
+    def _update_value_normalizer(self, returns: torch.Tensor, weight: torch.Tensor) -> None:
+        """Fold the trained samples' returns into the running statistics and ship them inside the policy. Non-finite
+        returns (a corrupt batch, whose update is skipped) leave the statistics alone on every learner: one NaN would
+        otherwise make every later value non-finite."""
+        trained = returns[weight > 0]
+        if self.allreduce_sum(torch.tensor([0.0 if torch.isfinite(trained).all() else 1.0])).item() > 0:
+            return
+        self.value_normalizer.update(trained.reshape(-1, 1).double().numpy(), self.allreduce_sum)
+        mean, std = self.value_normalizer.mean_std()
+        self.policy.set_value_normalizer(float(mean[0]), float(std[0]))
+
     def state_dict(self) -> dict:
         """Everything a resumed learner needs to continue exactly: parameters, optimiser and clip moments, version,
         normaliser statistics and the minibatch shuffling generator."""
+        normalizers = {k: n.state_dict() for k, n in self.normalizers.items()}
+        if self.value_normalizer is not None:
+            normalizers["value"] = self.value_normalizer.state_dict()
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "clip": self.clip.state_dict(), "version": self.version,
-                "normalizers": {k: n.state_dict() for k, n in self.normalizers.items()},
+                "clip": self.clip.state_dict(), "version": self.version, "normalizers": normalizers,
                 "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -144,6 +164,8 @@ class Learner:
         self.version = int(state["version"])
         for key, normalizer in self.normalizers.items():
             normalizer.load_state_dict(state["normalizers"][key])
+        if self.value_normalizer is not None:
+            self.value_normalizer.load_state_dict(state["normalizers"]["value"])
         self.generator.set_state(state["generator"])
 
     def checkpoint_sections(self) -> dict:

@@ -13,9 +13,9 @@ import pkgutil
 
 NAMES = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
-# The seeds the learning defaults were chosen on. Seeds 0-2 chose the CartPole benchmark's value_coef=0.1
-# (hpc_rl/bench/cartpole.py: with 0.5 they needed 40k/10k/70k steps to 475 instead of 20k/10k/10k). The presets in
-# conf/experiment/ were set from runs whose seeds were not recorded; seed 0, every run's default, is in this set.
+# The seeds the learning defaults were chosen on: every measurement of docs/LEARNING.md (hpc_rl/algo/config.py's
+# defaults) ran on seeds 0-2. The presets in conf/experiment/ were set from runs whose seeds were not recorded; seed
+# 0, every run's default, is in this set.
 TUNING_SEEDS = (0, 1, 2)
 # What a learning benchmark reports by default: the first three seeds outside TUNING_SEEDS.
 REPORT_SEEDS = (3, 4, 5)

@@ -95,7 +95,7 @@ def work(config: TrainConfig) -> dict:
         "past_version_share": round(config.league.past_fraction * (1 - scripted_share), 6) if config.uses_league
         else 0.0,
         "league_pool_every": pipeline.keep_every if config.uses_league else 0,
-        "target_reuse": pipeline.target_reuse,
+        "target_reuse": config.target_reuse,
         "staleness_queue": pipeline.staleness_queue,
         "buffer_batches": pipeline.buffer_batches,
         "publish_every": pipeline.publish_every,

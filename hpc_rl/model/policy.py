@@ -1,9 +1,9 @@
-"""The policy: entity encoders + global features → one LSTM core → decoupled, masked heads and a value.
+"""The policy: entity encoders + global features → one core (LSTM or feed-forward) → decoupled, masked heads and a value.
 
 Inputs follow ``hpc_rl.envs.api`` (observation keys ``global``, ``entities/<type>`` and their masks, the action,
 move and target masks) plus a hero index, since one network controls every hero of a team (OpenAI Five). What the
 spec lacks is absent: with no entities there is no entity encoder and no target head; with one move offset there
-is no move head. A flat Gymnasium observation is thus ``global`` → LSTM → action head and value.
+is no move head. A flat Gymnasium observation is thus ``global`` → core → action head and value.
 
 - Entity encoder (Neural MMO, Honor of Kings): each unit type has its own MLP and type embedding; the units of a
   type are pooled by attention of a learned query, or by max-pooling, over the slots its mask marks present.
@@ -80,13 +80,20 @@ class Policy(nn.Module):
         self.pool_query = nn.Parameter(torch.randn(types, d) * 0.1) if attention else None
         inputs = d * (2 + len(spec.entities)) if spec.global_features else d * (1 + len(spec.entities))
         self.core_in = nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU())
-        self.lstm = nn.LSTM(hidden, hidden)
+        # The feed-forward core keeps the recurrent interface (a state in, the same state out) so that actors, segments
+        # and the learner handle both cores alike; its state stays zero.
+        self.lstm = nn.LSTM(hidden, hidden) if config.core == "lstm" else None
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU()) if config.core == "mlp" else None
 
         self.action_head = nn.Linear(hidden, spec.num_actions)
         self.move_head = nn.Linear(hidden, spec.num_moves) if self.has_move else None
         self.target_query = nn.Linear(hidden, d) if self.has_target else None
         self.action_embed = nn.Embedding(spec.num_actions, d) if self.has_target else None
         self.value_head = nn.Linear(hidden, 1)
+        # The value head predicts the return standardised by these statistics (the learner's running statistics of the
+        # returns when ``ppo.value_norm``; 0 and 1 otherwise); ``forward`` reports it in reward units.
+        self.register_buffer("value_mean", torch.zeros(()))
+        self.register_buffer("value_std", torch.ones(()))
         uses_move = spec.action_uses_move or (False,) * spec.num_actions
         uses_target = spec.action_uses_target or (False,) * spec.num_actions
         self.register_buffer("uses_move", torch.tensor(uses_move, dtype=torch.bool))
@@ -105,6 +112,14 @@ class Policy(nn.Module):
         i = self.norm_keys.index(key)
         getattr(self, f"obs_mean_{i}").copy_(torch.as_tensor(mean))
         getattr(self, f"obs_std_{i}").copy_(torch.as_tensor(std))
+
+    def set_value_normalizer(self, mean: float, std: float) -> None:
+        self.value_mean.fill_(mean)
+        self.value_std.fill_(std)
+
+    def normalized_value(self, value: torch.Tensor) -> torch.Tensor:
+        """A value (or return) in reward units, in the units the value head predicts."""
+        return (value - self.value_mean) / self.value_std
 
     def _normalized(self, key: str, x: torch.Tensor) -> torch.Tensor:
         i = self.norm_keys.index(key)
@@ -138,7 +153,11 @@ class Policy(nn.Module):
             parts.append(self._pool(i, u, obs[f"{key}/mask"].reshape(m, e.max_count)))
         parts.append(self.hero_embed(hero.reshape(m)))
         z = self.core_in(torch.cat(parts, dim=-1)).reshape(steps, n, -1)
-        h, state = unroll_lstm(self.lstm, z, starts, state, need_state)
+        if self.lstm is not None:
+            h, state = unroll_lstm(self.lstm, z, starts, state, need_state)
+        else:
+            h = self.mlp(z)
+            state = state if need_state else None
         return h.reshape(m, -1), (torch.cat(units, dim=1) if units else None), state
 
     def forward(self, obs: dict[str, torch.Tensor], hero: torch.Tensor, starts: torch.Tensor, state: LSTMState,
@@ -176,7 +195,7 @@ class Policy(nn.Module):
         for head in HEADS:
             chosen.setdefault(head, torch.zeros_like(action))
 
-        value = self.value_head(h).squeeze(-1)
+        value = self.value_head(h).squeeze(-1) * self.value_std + self.value_mean
         shape = (steps, n)
         return PolicyStep({k: v.reshape(shape) for k, v in chosen.items()}, logp.reshape(shape),
                           entropy.reshape(shape), value.reshape(shape), new_state)

@@ -54,15 +54,16 @@ class SegmentStore:
       so each is trained on about ``staleness_queue`` versions after it arrived.
     - A bound: beyond the queue at most ``buffer_batches`` batches are held; when producers outpace the learners the
       oldest are dropped (``evicted_ids`` counts those never trained on), which bounds staleness.
-    - Reuse: a segment feeds at most ceil(target_reuse) updates; a batch takes the least used first, among equals the
-      oldest, so with a target of 1 segments are trained on in arrival order and none waits behind newer ones.
+    - Reuse: a segment feeds at most ceil(target_reuse / epochs) updates; a batch takes the least used first, among
+      equals the oldest, so with a target of one update per segment segments are trained on in arrival order and none
+      waits behind newer ones.
     """
 
-    def __init__(self, pipeline: PipelineConfig):
+    def __init__(self, pipeline: PipelineConfig, target_reuse: float, epochs: int):
         self.per_batch = pipeline.segments_per_batch
         self.queue_capacity = pipeline.staleness_queue * pipeline.segments_per_batch
         self.limit = pipeline.buffer_batches * pipeline.segments_per_batch + self.queue_capacity
-        self.max_uses = math.ceil(pipeline.target_reuse)
+        self.max_uses = math.ceil(target_reuse / epochs - 1e-9)
         self.held: deque[Held] = deque()
         self.evicted_ids: list[tuple[int, int, int]] = []
 
@@ -125,7 +126,7 @@ class LearnerWorker:
         # Learners start from learner 0's parameters (constant buffers such as the action-gating masks agree already).
         self.allreduce.broadcast_([t for t in self.policy.state_dict().values() if t.is_floating_point()])
         self.schema = SegmentSchema.of_run(config, self.spec)
-        self.store = SegmentStore(config.pipeline)
+        self.store = SegmentStore(config.pipeline, config.target_reuse, config.ppo.epochs)
         self.produced = 0.0  # samples received by this learner
         self.consumed = 0.0  # samples used by gradient steps (every PPO epoch counts)
         self.rejected = 0
@@ -218,7 +219,7 @@ class LearnerWorker:
             self._finish()
             return False
         self.link.beat(self._stats())
-        if not may_update(control, epochs, cfg.target_reuse):
+        if not may_update(control, epochs, self.config.target_reuse):
             return False
         self._update(chosen, epochs, control)
         return True

@@ -29,7 +29,7 @@ set_torch_threads()
 comm = MPI.COMM_WORLD
 assert comm.Get_size() == 2, "run with 2 ranks"
 kind = sys.argv[1]
-model = ModelConfig(lstm_size=32, embed_size=16)
+model = ModelConfig(core="lstm", lstm_size=32, embed_size=16)
 ppo = PPOConfig(lr=Schedule(1e-3, kind="constant"), entropy_coef=Schedule(0.01, kind="constant"),
                 epochs=2, num_minibatches=1, clip_k=5.0)
 

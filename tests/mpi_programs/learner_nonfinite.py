@@ -23,7 +23,7 @@ from hpc_rl.runner import SerialRunner
 
 set_torch_threads()
 comm = MPI.COMM_WORLD
-model = ModelConfig(lstm_size=16, embed_size=16)
+model = ModelConfig(core="lstm", lstm_size=16, embed_size=16)
 ppo = PPOConfig(lr=Schedule(1e-3, kind="constant"), epochs=2, num_minibatches=2)
 torch.manual_seed(0)
 runner = SerialRunner(TrainConfig(runs_dir=tempfile.mkdtemp(), env=EnvConfig(name="gym:CartPole-v1", num_envs=4),
