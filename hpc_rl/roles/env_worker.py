@@ -91,8 +91,9 @@ class EnvWorker:
         (the controller said stop). With the action offset, step with the previous action while the inference rank
         computes this one."""
         stop = self.link.receive(TAG_STOP) is not None
-        stage = self.link.receive(TAG_STAGE)
-        if stage is not None and self.warming_up:
+        # Probed only during the warm-up: under MPI every probe enters the progress loop, which yields the core.
+        stage = self.link.receive(TAG_STAGE) if self.warming_up else None
+        if stage is not None:
             self._end_warmup(int(stage))
         message = {**self.obs, "events": self.events, "done": self.done, "winner": self.winner,
                    "game_time": (self.game_steps * self.config.env.step_seconds).astype(np.float32),
