@@ -45,6 +45,9 @@ class EnvConfig:
     warmup_versions: int = 0
     warmup_opponent: str = "scripted"
     warmup_map_size: float = 0.0
+    # MOBA kickstarting: the reference bot whose action on every step's observation is reported to the learner
+    # (hpc_rl.envs.teacher), which ppo.kickstart_coef weighs; "": none.
+    teacher: str = ""
 
     def __post_init__(self) -> None:
         if self.name != "moba" and not (self.name.startswith("gym:") and len(self.name) > 4):
@@ -61,6 +64,8 @@ class EnvConfig:
             raise ValueError(f"env.warmup_opponent must be one of {WARMUP_OPPONENTS}, got {self.warmup_opponent!r}")
         if self.warmup_versions and self.is_moba:
             self.warmup_moba()  # MobaConfig checks the map size
+        if self.teacher and (self.teacher != "scripted" or not self.is_moba):
+            raise ValueError(f"env.teacher must be '' or, in MOBA, 'scripted', got {self.teacher!r}")
 
     @property
     def is_moba(self) -> bool:
@@ -99,7 +104,13 @@ class EnvConfig:
             from hpc_rl.envs.moba import MobaEnv
 
             moba = self.moba if version is None else self.moba_at(version)
-            return MobaEnv(moba, n, first_copy=first_copy)
+            env = MobaEnv(moba, n, first_copy=first_copy)
+            if not self.teacher:
+                return env
+            from hpc_rl.envs.scripted import make_bot
+            from hpc_rl.envs.teacher import TeacherLabels
+
+            return TeacherLabels(env, make_bot(self.teacher, moba, seed=first_copy))
         from hpc_rl.envs.gym_adapter import GymVecEnv
 
         return GymVecEnv(self.name[4:], n)
@@ -264,6 +275,11 @@ class TrainConfig:
                              "versions are the checkpoints kept every keep_every versions")
         if self.ppo.lr(0) < 0 or self.ppo.lr(10**9) < 0:
             raise ValueError(f"the learning rate must be >= 0, got schedule {self.ppo.lr}")
+        kickstart = self.ppo.kickstart_coef
+        if min(kickstart(0), kickstart(10**9)) < 0:
+            raise ValueError(f"ppo.kickstart_coef must be >= 0, got schedule {kickstart}")
+        if max(kickstart(0), kickstart(10**9)) > 0 and not self.env.teacher:
+            raise ValueError("ppo.kickstart_coef > 0 needs a teacher: set env.teacher=scripted (MOBA)")
 
     @property
     def target_reuse(self) -> float:

@@ -13,9 +13,11 @@ ENTROPY = "train/entropy"
 APPROX_KL = "train/approx_kl"
 CLIP_FRACTION = "train/clip_fraction"
 GRAD_CLIPPED_FRACTION = "train/grad_clipped_fraction"  # parameters OpenAI Five's per-parameter clip clipped
+KICKSTART_LOSS = "train/kickstart_loss"  # −log π(teacher's action): 0 where kickstarting is off
 # ... and figures of the whole update
 LR = "train/lr"
 ENTROPY_COEF = "train/entropy_coef"
+KICKSTART_COEF = "train/kickstart_coef"
 NONFINITE_SKIPPED = "train/nonfinite_skipped"  # gradient steps skipped on a non-finite loss
 EXPLAINED_VARIANCE = "train/explained_variance"
 TRAIN_STALENESS = "train/staleness"  # mean of (learner version - 1 - behaviour version) over the batch

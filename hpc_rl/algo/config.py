@@ -17,6 +17,9 @@ class PPOConfig:
     entropy_coef: Schedule = field(default_factory=lambda: constant(0.0))  # weight of the entropy bonus
     gamma: Schedule = field(default_factory=lambda: constant(0.99))  # discount
     team_spirit: Schedule = field(default_factory=lambda: constant(0.0))  # τ: share of the team's mean reward
+    # Kickstarting (Schmitt et al. 2018): weight of the cross-entropy −log π(a_teacher | s) of the teacher's action
+    # (env.teacher's labels); anneal it to 0 so that RL takes over from the teacher. 0: off.
+    kickstart_coef: Schedule = field(default_factory=lambda: constant(0.0))
     lam: float = 0.95  # GAE λ
     clip_eps: float = 0.2  # PPO ratio clip ε
     dual_clip: float | None = 3.0  # Honor of Kings' lower bound c for negative advantages; None: plain PPO

@@ -13,11 +13,13 @@ from hpc_rl.algo.config import PPOConfig
 from hpc_rl.algo.gae import gae
 from hpc_rl.algo.grad_clip import SecondMomentClip
 from hpc_rl.algo.normalizer import RunningNormalizer
-from hpc_rl.algo.ppo import dual_clip_policy_loss, entropy_bonus, normalize_advantages, value_loss
+from hpc_rl.algo.ppo import (dual_clip_policy_loss, entropy_bonus, kickstart_loss, normalize_advantages,
+                             value_loss)
 from hpc_rl.algo.reduce import Reduce, identity_reduce
 from hpc_rl.model.policy import Policy
 from hpc_rl.model.tree import to_numpy_tree, to_torch_tree
 from hpc_rl.data.batch import Batch
+from hpc_rl.envs.teacher import TEACHER_HEADS, teacher_info
 
 
 class Learner:
@@ -69,6 +71,11 @@ class Learner:
         chunked = {k: v.to(self.device) for k, v in chunked.items()}
         obs = {k: to_chunks(v, chunk_len).to(self.device) for k, v in batch.obs.items()}
         actions = {k: to_chunks(v, chunk_len).to(self.device) for k, v in batch.actions.items()}
+        kickstart_coef = cfg.kickstart_coef(self.version)
+        teacher = None
+        if kickstart_coef > 0:
+            teacher = {head: to_chunks(batch[f"info/{teacher_info(head)}"], chunk_len).to(self.device)
+                       for head in TEACHER_HEADS}
         h0 = batch.chunk_h.reshape(-1, batch.chunk_h.shape[-1]).to(self.device)
         c0 = batch.chunk_c.reshape(-1, batch.chunk_c.shape[-1]).to(self.device)
         columns = h0.shape[0]
@@ -80,14 +87,15 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         sums = dict.fromkeys((M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.APPROX_KL, M.CLIP_FRACTION,
-                              M.GRAD_CLIPPED_FRACTION), 0.0)
+                              M.GRAD_CLIPPED_FRACTION, M.KICKSTART_LOSS), 0.0)
         steps = skipped = 0
         for _ in range(cfg.epochs):
             order = torch.randperm(columns, generator=self.generator).to(self.device)
             for idx in order.chunk(cfg.num_minibatches):
                 out = self.policy({k: v[:, idx] for k, v in obs.items()}, chunked["hero"][:, idx],
                                   chunked["starts"][:, idx], (h0[idx], c0[idx]),
-                                  actions={k: v[:, idx] for k, v in actions.items()})
+                                  actions={k: v[:, idx] for k, v in actions.items()},
+                                  teacher=None if teacher is None else {k: v[:, idx] for k, v in teacher.items()})
                 w = chunked["weight"][:, idx]
                 pl, stats = dual_clip_policy_loss(out.logp, chunked["logp"][:, idx], chunked["adv"][:, idx],
                                                   cfg.clip_eps, cfg.dual_clip, w)
@@ -96,6 +104,10 @@ class Learner:
                                 cfg.value_clip, w)
                 ent = entropy_bonus(out.entropy, w)
                 loss = pl + cfg.value_coef * vl - entropy_coef * ent
+                ks = torch.zeros(())
+                if teacher is not None:
+                    ks = kickstart_loss(out.teacher_logp, w)
+                    loss = loss + kickstart_coef * ks
                 self.optimizer.zero_grad(set_to_none=False)
                 loss.backward()
                 # Every learner must take the same decision, so the non-finite test is on the summed flag.
@@ -109,7 +121,8 @@ class Learner:
                 self.optimizer.step()
                 steps += 1
                 for key, value in ((M.POLICY_LOSS, pl), (M.VALUE_LOSS, vl), (M.ENTROPY, ent),
-                                   (M.APPROX_KL, stats["approx_kl"]), (M.CLIP_FRACTION, stats["clip_fraction"])):
+                                   (M.APPROX_KL, stats["approx_kl"]), (M.CLIP_FRACTION, stats["clip_fraction"]),
+                                   (M.KICKSTART_LOSS, ks)):
                     sums[key] += float(value.detach())
                 sums[M.GRAD_CLIPPED_FRACTION] += clipped
         self.version += 1
@@ -119,7 +132,8 @@ class Learner:
         w = batch.weight > 0
         residual = (returns - batch.value)[w]
         metrics.update({
-            M.LR: lr, M.ENTROPY_COEF: entropy_coef, M.NONFINITE_SKIPPED: float(skipped),
+            M.LR: lr, M.ENTROPY_COEF: entropy_coef, M.KICKSTART_COEF: kickstart_coef,
+            M.NONFINITE_SKIPPED: float(skipped),
             M.EXPLAINED_VARIANCE: float(1.0 - residual.var() / returns[w].var().clamp_min(1e-8)),
             M.TRAIN_STALENESS: float((self.version - 1 - batch.version.float())[w].mean()),
             M.UPDATE_SECONDS: time.perf_counter() - started, M.SAMPLES: float(batch.num_samples),

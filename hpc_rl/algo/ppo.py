@@ -59,6 +59,15 @@ def entropy_bonus(entropy: torch.Tensor, weights: torch.Tensor | None = None) ->
     return weighted_mean(entropy, weights)
 
 
+def kickstart_loss(teacher_logp: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Kickstarting's distillation term (Schmitt et al. 2018) for a teacher that plays one action: the cross-entropy
+    H(π_teacher, π) = −log π(a_teacher | s), averaged over the samples whose teacher action is legal for the policy
+    (a teacher the masks forbid would give −log 0 = ∞; such samples are left out)."""
+    legal = torch.isfinite(teacher_logp)
+    w = legal.to(teacher_logp.dtype) if weights is None else weights * legal
+    return weighted_mean(torch.where(legal, -teacher_logp, 0.0), w)
+
+
 def weighted_mean(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     if weights is None:
         return x.mean()

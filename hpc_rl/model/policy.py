@@ -41,6 +41,7 @@ class PolicyStep:
     entropy: torch.Tensor  # sum of the used heads' entropies
     value: torch.Tensor
     state: LSTMState | None
+    teacher_logp: torch.Tensor | None = None  # log π of the teacher's actions, where the learner asked for them
 
 
 def hero_indices(spec: EnvSpec) -> np.ndarray:
@@ -161,8 +162,10 @@ class Policy(nn.Module):
         return h.reshape(m, -1), (torch.cat(units, dim=1) if units else None), state
 
     def forward(self, obs: dict[str, torch.Tensor], hero: torch.Tensor, starts: torch.Tensor, state: LSTMState,
-                actions: dict[str, torch.Tensor] | None = None, deterministic: bool = False) -> PolicyStep:
-        """Act (``actions=None``: sample, or argmax if ``deterministic``) or score the given ``actions``.
+                actions: dict[str, torch.Tensor] | None = None, deterministic: bool = False,
+                teacher: dict[str, torch.Tensor] | None = None) -> PolicyStep:
+        """Act (``actions=None``: sample, or argmax if ``deterministic``) or score the given ``actions``; with
+        ``teacher`` (actions of every head, like ``actions``) also score those (``PolicyStep.teacher_logp``).
 
         Every tensor has leading dimensions (L, N): L steps of N independent agents, starting from ``state``. When
         scoring given actions (the learner) the state after the last step is not computed (``state`` is None).
@@ -171,7 +174,22 @@ class Policy(nn.Module):
         m = steps * n
         h, units, new_state = self.core(obs, hero, starts, state, need_state=actions is None)
         given = None if actions is None else {k: v.reshape(m) for k, v in actions.items()}
+        chosen, logp, entropy = self._heads(h, units, obs, given, deterministic)
+        teacher_logp = None
+        if teacher is not None:
+            _, teacher_logp, _ = self._heads(h, units, obs, {k: v.reshape(m) for k, v in teacher.items()}, False)
+            teacher_logp = teacher_logp.reshape(steps, n)
+        value = self.value_head(h).squeeze(-1) * self.value_std + self.value_mean
+        shape = (steps, n)
+        return PolicyStep({k: v.reshape(shape) for k, v in chosen.items()}, logp.reshape(shape),
+                          entropy.reshape(shape), value.reshape(shape), new_state, teacher_logp)
 
+    def _heads(self, h: torch.Tensor, units: torch.Tensor | None, obs: dict[str, torch.Tensor],
+               given: dict[str, torch.Tensor] | None, deterministic: bool
+               ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """The decoupled action on core outputs ``h`` (M, H): every head's choice (sampled, or ``given``), the summed
+        log-probability and entropy of the heads the primary action uses."""
+        m = h.shape[0]
         logp_a, applied, _ = masked_log_softmax(self.action_head(h), obs["action_mask"].reshape(m, -1))
         action = sample(logp_a, deterministic) if given is None else given["action"]
         logp = logp_a.gather(1, action.unsqueeze(1)).squeeze(1)
@@ -194,11 +212,7 @@ class Policy(nn.Module):
             entropy = entropy + torch.where(used, masked_entropy(lp, applied), 0.0)
         for head in HEADS:
             chosen.setdefault(head, torch.zeros_like(action))
-
-        value = self.value_head(h).squeeze(-1) * self.value_std + self.value_mean
-        shape = (steps, n)
-        return PolicyStep({k: v.reshape(shape) for k, v in chosen.items()}, logp.reshape(shape),
-                          entropy.reshape(shape), value.reshape(shape), new_state)
+        return chosen, logp, entropy
 
 
 @torch.no_grad()
