@@ -30,10 +30,9 @@ test-fast: setup
 # then a replay of its latest checkpoint against the scripted bot in $(RUNS_DIR)/$(RUN)/replay.gif (MOBA runs only: the
 # leading '-' lets a Gymnasium run, which has no replay, end the target without failing it).
 TRAIN_RANKS ?= 6
-# The MOBA's training preset: the 32-unit map against the scripted bot, evaluated on the default map (after 10 minutes
-# one run won 12 of 100 games, another none; the plain defaults win none; docs/envs.md). TRAIN_PRESET= trains with
-# the plain defaults.
-TRAIN_PRESET ?= experiment=moba_small_map
+# The MOBA's training preset: every copy against the scripted bot, kickstarted by it (conf/experiment/moba_kickstart.yaml;
+# the plain defaults win none of 100 games after 10 minutes; docs/envs.md). TRAIN_PRESET= trains with the plain defaults.
+TRAIN_PRESET ?= experiment=moba_kickstart
 TRAIN_ARGS ?= pipeline.max_versions=5000 pipeline.max_seconds=600
 RUNS_DIR ?= runs
 # The run's name (RUN=<name> names it, or resumes that run), expanded once so that both commands name the same run.

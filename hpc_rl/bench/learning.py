@@ -157,6 +157,7 @@ def run_sb3(env_id: str, task: Task, seed: int) -> dict:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecNormalize, sync_envs_normalization
 
     hyper = {k: _zoo_value(v) for k, v in task.sb3.items()}
@@ -167,6 +168,8 @@ def run_sb3(env_id: str, task: Task, seed: int) -> dict:
         env = VecNormalize(env, gamma=hyper.get("gamma", 0.99))
         eval_env = VecNormalize(eval_env, training=False, norm_reward=False)
     model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hyper)
+    # A logger with no outputs: SB3's default, even silent, makes a directory in /tmp per model.
+    model.set_logger(Logger(folder=None, output_formats=[]))
     result = {"steps": math.inf, "seconds": math.inf, "returns": []}
     clock = Clock()
 
