@@ -170,6 +170,19 @@ def test_the_lockstep_control_vector_is_summed_over_learners():
     assert tuple(out[0]) == CONTROL
 
 
+def test_the_mpi_allreduce_keeps_the_shape_of_scalars():
+    """A policy's 0-d buffers (the value normaliser's statistics) broadcast and sum as 0-d tensors."""
+    from mpi4py import MPI
+
+    from hpc_rl.roles.allreduce import MpiAllreduce
+
+    reduce = MpiAllreduce(MPI.COMM_SELF)
+    scalar, vector = torch.tensor(2.5), torch.tensor([1.0, 2.0])
+    reduce.broadcast_([scalar, vector])
+    assert scalar.shape == () and float(scalar) == 2.5 and vector.tolist() == [1.0, 2.0]
+    assert reduce.sum(torch.tensor(3.0)).shape == ()
+
+
 def moba_config(tmp_path, **kw) -> TrainConfig:
     pipeline = {"segment_len": 16, "segments_per_batch": 1, "checkpoint_every": 2, "keep_every": 2,
                 "max_versions": 4, **kw.pop("pipeline", {})}
