@@ -48,6 +48,19 @@ def test_the_staleness_queue_holds_the_newest_segments_back():
     assert ids(store.choose()) == [0, 1]
 
 
+def test_the_store_wants_what_the_queue_and_the_next_batch_lack():
+    """The learner leaves the rest in its ring, whose writers then wait instead of producing segments to drop."""
+    store = SegmentStore(PipelineConfig(segments_per_batch=2, staleness_queue=1, buffer_batches=2), 1.0, 1)
+    assert store.wanted() == 4  # a batch in the queue and a batch out of it
+    store.add([held(k) for k in range(3)])
+    assert store.wanted() == 1
+    store.add([held(3)])
+    assert store.wanted() == 0
+    for h in store.choose():
+        h.uses += 1
+    assert store.wanted() == 2  # segments trained on no longer count
+
+
 def test_the_bound_drops_the_oldest_and_counts_the_unused():
     store = SegmentStore(PipelineConfig(segments_per_batch=2, staleness_queue=0, buffer_batches=2), 1.0, 1)
     store.add([held(k) for k in range(3)])
