@@ -134,7 +134,9 @@ class PipelineConfig:
     # sample feeds one update (on-policy PPO), whatever the epochs. A lower value throttles the learners: with
     # epochs > 1 and a target of 1 they would train on one batch in ``epochs`` and waste the others.
     target_reuse: float | None = None
-    ring_slots: int = 8  # slots in every learner's experience ring
+    ring_slots: int = 8  # slots in every learner's experience ring: a learner takes from it only what its next batch
+    #                      needs, so when producers outpace the learners it fills and (full_policy block) they wait;
+    #                      its segments then wait about ring_slots / segments_per_batch versions (staleness)
     full_policy: str = "block"  # ring full: "block" (exactly-once) or "drop_oldest" (counted)
     publish_every: int = 1  # optimizer updates per published version
     max_versions: int = 50  # stop after this many versions
@@ -148,8 +150,9 @@ class PipelineConfig:
     allreduce: str = "horovod"  # learner gradient/statistics allreduce: "horovod" or "mpi" (mpi4py Allreduce)
     heartbeat_s: float = 1.0  # every rank reports to the controller this often
     heartbeat_timeout_s: float = 60.0  # a rank silent this long is reported by name and the job aborted
-    buffer_batches: int = 2  # a learner holds at most this many batches of segments; when producers outpace the
-    #                          learners the oldest are dropped (counted, never trained on), which bounds staleness
+    buffer_batches: int = 2  # a learner holds at most this many batches of segments beyond the staleness queue
+    #                          (segments kept for reuse; what a reuse target below the epochs, or the stop, brings
+    #                          in); beyond it the oldest are dropped (counted, never trained on)
     max_nonfinite: int = 3  # consecutive skipped updates (non-finite loss) before the run halts
     requeue: bool = True  # under Slurm, a run stopped by a signal (preemption warning) requeues its own job
     async_actions: bool = False  # OpenAI Five's asynchronous action offset: env ranks step with the previous action

@@ -27,6 +27,11 @@ MPI_ENV = {
     # Debian's Open MPI warns on every launch when it finds no high-speed network; that is expected here.
     "OMPI_MCA_btl_base_warn_component_unused": "0",
     "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    # One-sided windows in shared memory (osc/sm) where every rank of the window is on one host: a Flush is a memory
+    # barrier (~0.8 us, against ~6 us through osc/rdma over the vader BTL, which Open MPI 4.1 prefers at priority
+    # 101), and a step round trip makes several. osc/sm declines windows spanning hosts, where osc/rdma (now 99)
+    # still wins over osc/ucx (60). docs/transport.md P1, P4.
+    "OMPI_MCA_osc_rdma_priority": "99",
 }
 
 
@@ -78,6 +83,7 @@ def isolate_shared_memory() -> None:
     directory = os.path.join("/dev/shm", f"hpc_rl.{os.environ['SLURM_JOB_ID']}.{step}")
     os.makedirs(directory, exist_ok=True)
     os.environ["OMPI_MCA_btl_vader_backing_directory"] = directory
+    os.environ["OMPI_MCA_osc_sm_backing_directory"] = directory  # osc/sm's window segments: the same collision
     # Registered before anything imports MPI or Horovod, so it runs after their exit handlers (atexit is LIFO).
     atexit.register(_remove_shared_memory_directory, directory)
 

@@ -29,7 +29,8 @@ STALENESS_MEAN = "data/staleness_mean"
 STALENESS_BINS = 16  # data/staleness_hist/00 .. 15; the last bin counts staleness >= 15
 REUSE = "data/reuse"  # samples consumed by gradient steps (every epoch counts) / produced
 REJECTED_SEGMENTS = "data/rejected_segments"
-DROPPED_SEGMENTS = "data/dropped_segments"  # learner 0's, dropped from a full buffer before any use
+DROPPED_SEGMENTS = "data/dropped_segments"  # learner 0's, dropped from a full buffer before any use (only a reuse
+#                                              target below ppo.epochs drops: producers otherwise wait on the ring)
 LEARNER_SAMPLES_PER_S = "perf/learner_samples_per_s"  # samples consumed per second, once per sample
 BUFFER_SEGMENTS = "perf/buffer_segments"
 RING_OCCUPANCY = "perf/ring_occupancy"  # fraction of ring slots READY, over the polls since the last update

@@ -48,6 +48,19 @@ def test_the_staleness_queue_holds_the_newest_segments_back():
     assert ids(store.choose()) == [0, 1]
 
 
+def test_the_store_wants_what_the_queue_and_the_next_batch_lack():
+    """The learner leaves the rest in its ring, whose writers then wait instead of producing segments to drop."""
+    store = SegmentStore(PipelineConfig(segments_per_batch=2, staleness_queue=1, buffer_batches=2), 1.0, 1)
+    assert store.wanted() == 4  # a batch in the queue and a batch out of it
+    store.add([held(k) for k in range(3)])
+    assert store.wanted() == 1
+    store.add([held(3)])
+    assert store.wanted() == 0
+    for h in store.choose():
+        h.uses += 1
+    assert store.wanted() == 2  # segments trained on no longer count
+
+
 def test_the_bound_drops_the_oldest_and_counts_the_unused():
     store = SegmentStore(PipelineConfig(segments_per_batch=2, staleness_queue=0, buffer_batches=2), 1.0, 1)
     store.add([held(k) for k in range(3)])
@@ -168,6 +181,19 @@ def test_the_lockstep_control_vector_is_summed_over_learners():
     assert out[0] == out[1] == {"not_ready": 1.0, "stop_version": 7.0, "produced": 300.0, "consumed": 30.0,
                                 "next_batch": 10.0, "rejected": 1.0}
     assert tuple(out[0]) == CONTROL
+
+
+def test_the_mpi_allreduce_keeps_the_shape_of_scalars():
+    """A policy's 0-d buffers (the value normaliser's statistics) broadcast and sum as 0-d tensors."""
+    from mpi4py import MPI
+
+    from hpc_rl.roles.allreduce import MpiAllreduce
+
+    reduce = MpiAllreduce(MPI.COMM_SELF)
+    scalar, vector = torch.tensor(2.5), torch.tensor([1.0, 2.0])
+    reduce.broadcast_([scalar, vector])
+    assert scalar.shape == () and float(scalar) == 2.5 and vector.tolist() == [1.0, 2.0]
+    assert reduce.sum(torch.tensor(3.0)).shape == ()
 
 
 def moba_config(tmp_path, **kw) -> TrainConfig:

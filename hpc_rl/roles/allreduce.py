@@ -62,13 +62,13 @@ class MpiAllreduce:
         local = np.ascontiguousarray(tensor.detach().cpu().numpy())
         out = np.empty_like(local)
         self.comm.Allreduce(local, out, op=self._sum)
-        return torch.from_numpy(out).to(tensor.device)
+        return torch.from_numpy(out).reshape(tensor.shape).to(tensor.device)  # ascontiguousarray makes 0-d 1-d
 
     def broadcast_(self, tensors: list[torch.Tensor], root: int = 0) -> None:
         for t in tensors:
             buf = np.ascontiguousarray(t.detach().cpu().numpy())
             self.comm.Bcast(buf, root=root)
-            t.data.copy_(torch.from_numpy(buf))
+            t.data.copy_(torch.from_numpy(buf).reshape(t.shape))  # a 0-d tensor (a scalar buffer) came back 1-d
 
     def shutdown(self) -> None:
         """Nothing to release: the communicator belongs to the caller."""

@@ -54,6 +54,12 @@ class ControlEndpoint(ABC):
 
 
 class MpiControl(ControlEndpoint):
+    # A probe that finds nothing enters Open MPI's progress loop, which yields the core when idle
+    # (mpi_yield_when_idle): on an oversubscribed host one probe per step took a fifth of an env rank's time, on the
+    # path every step waits for. ``receive`` polls for rare messages (stop, the opponent pool), so a (tag, source)
+    # found empty is probed again only after this long; ``receive_any`` (the controller's loop) is not throttled.
+    PROBE_INTERVAL_S = 0.005
+
     def __init__(self, comm):
         from mpi4py import MPI
 
@@ -61,14 +67,19 @@ class MpiControl(ControlEndpoint):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._pending: list = []
+        self._quiet_until: dict[tuple[int, int], float] = {}  # (tag, source) -> when to probe it again
 
     def send(self, obj: Any, dest: int, tag: int) -> None:
         self._pending.append(self.comm.isend(obj, dest=dest, tag=tag))
         self._pending = [r for r in self._pending if not r.Test()]
 
     def receive(self, tag: int, source: int) -> Any | None:
+        now = time.monotonic()
+        if now < self._quiet_until.get((tag, source), 0.0):
+            return None
         if self.comm.Iprobe(source=source, tag=tag):
             return self.comm.recv(source=source, tag=tag)
+        self._quiet_until[(tag, source)] = now + self.PROBE_INTERVAL_S
         return None
 
     def receive_any(self) -> tuple[int, int, Any] | None:

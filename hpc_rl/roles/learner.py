@@ -52,8 +52,10 @@ class SegmentStore:
 
     - OpenAI Five's staleness ablation: the newest ``staleness_queue × segments_per_batch`` segments wait in a FIFO,
       so each is trained on about ``staleness_queue`` versions after it arrived.
-    - A bound: beyond the queue at most ``buffer_batches`` batches are held; when producers outpace the learners the
-      oldest are dropped (``evicted_ids`` counts those never trained on), which bounds staleness.
+    - Intake: the learner moves a segment here from its ring only when its next batch needs it (``wanted``), so
+      producers that outpace the learners wait on a full ring instead of producing segments to be dropped.
+    - A bound: beyond the queue at most ``buffer_batches`` batches are held (segments kept for reuse, and what
+      arrives at the stop); beyond it the oldest are dropped (``evicted_ids`` counts those never trained on).
     - Reuse: a segment feeds at most ceil(target_reuse / epochs) updates; a batch takes the least used first, among
       equals the oldest, so with a target of one update per segment segments are trained on in arrival order and none
       waits behind newer ones.
@@ -78,6 +80,11 @@ class SegmentStore:
             evicted = self.held.popleft()
             if evicted.uses == 0:
                 self.evicted_ids.append(evicted.ids)
+
+    def wanted(self) -> int:
+        """How many more segments the next batch needs: the staleness queue's and the batch's, less those held and
+        never trained on."""
+        return max(0, self.queue_capacity + self.per_batch - sum(1 for h in self.held if h.uses == 0))
 
     def choose(self) -> list[Held]:
         """The next batch's segments (fewer than ``segments_per_batch`` when not enough are available)."""
@@ -130,6 +137,10 @@ class LearnerWorker:
         self.produced = 0.0  # samples received by this learner
         self.consumed = 0.0  # samples used by gradient steps (every PPO epoch counts)
         self.rejected = 0
+        # Views of segments left in the ring (their slots stay READY to the writers) until the store wants them:
+        # under full_policy=block a full ring holds its writers back, which is how producers wait for the learners.
+        self.waiting: list = []
+        self.throttled = False  # the last control vector had every batch ready but the reuse target held the update
         self.ring_ready, self.ring_polls = 0.0, 0  # READY slots summed over the polls since the last update
         self.nonfinite_streak = 0
         self.staleness_hist = np.zeros(M.STALENESS_BINS)
@@ -150,12 +161,17 @@ class LearnerWorker:
     def publish(self) -> None:
         self.params.publish(encode_parameters(self.learner.version, self.policy))
 
-    def _take_segments(self) -> None:
-        self.ring_ready += self.ring.ready_slots()  # ring occupancy, sampled at every poll
+    def _take_segments(self, everything: bool = False) -> None:
+        """Move segments from the ring into the store, oldest first: as many as the next batch wants, or
+        ``everything`` (at the stop). While the reuse target holds the update back, every segment is taken: only new
+        samples let it through, and the segments it cannot train on are dropped from the bound, as the target asks."""
+        self.ring_ready += self.ring.ready_slots() + len(self.waiting)  # ring occupancy, sampled at every poll
         self.ring_polls += 1
         # Segments are read in place, where the writers put them: unpack_segment copies every field into tensors
         # the batch owns, and only then are the slots handed back to the writers (one copy instead of two).
-        views = self.ring.take_view()
+        views = self.waiting + self.ring.take_view()
+        count = len(views) if everything or self.throttled else self.store.wanted()
+        views, self.waiting = views[:count], views[count:]
         arrived = []
         try:
             for seg in views:
@@ -219,7 +235,9 @@ class LearnerWorker:
             self._finish()
             return False
         self.link.beat(self._stats())
-        if not may_update(control, epochs, self.config.target_reuse):
+        update = may_update(control, epochs, self.config.target_reuse)
+        self.throttled = control["not_ready"] == 0 and not update
+        if not update:
             return False
         self._update(chosen, epochs, control)
         return True
@@ -303,7 +321,7 @@ class LearnerWorker:
 
     def drain(self) -> list[tuple[int, int, int]]:
         """Segments never trained on: left at the stop or evicted from a full buffer (exactly-once accounting)."""
-        self._take_segments()
+        self._take_segments(everything=True)
         return self.store.unused_ids()
 
     def _stats(self) -> dict:
