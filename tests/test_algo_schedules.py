@@ -22,5 +22,8 @@ def test_bad_schedules():
         Schedule(1.0, 0.0, versions=0)
     with pytest.raises(ValueError, match="exponential"):
         Schedule(0.0, 1.0, kind="exponential")
+    with pytest.raises(ValueError, match="set kind"):  # an override of a constant default's end without its kind
+        Schedule(1.0, 0.0, versions=150, kind="constant")
+    assert Schedule(1.0, 1.0, kind="constant")(7) == 1.0
     with pytest.raises(ValueError, match="version"):
         constant(1.0)(-1)

@@ -24,6 +24,11 @@ class Schedule:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"schedule kind {self.kind!r} is not one of {KINDS}")
+        if self.kind == "constant" and self.end is not None and self.end != self.start:
+            # A config that overrides start and end of a default constant schedule, but not its kind, would
+            # otherwise train at ``start`` throughout without a word.
+            raise ValueError(f"a constant schedule stays at start={self.start}, but end={self.end} was given: set "
+                             f"kind to one of {KINDS[1:]} to move from start to end")
         if self.versions < 1:
             raise ValueError(f"schedule versions must be >= 1, got {self.versions}")
         if self.kind == "exponential" and (self.start <= 0 or (self.end is not None and self.end <= 0)):
