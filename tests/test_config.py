@@ -82,6 +82,15 @@ def test_experiment_preset_composes_across_groups():
     assert cfg.env.name == "gym:CartPole-v1" and cfg.ppo.num_minibatches == 8 and cfg.ppo.lr(0) == 1e-3
 
 
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (ROOT / "conf/experiment").glob("*.yaml")))
+def test_every_experiment_preset_builds(preset):
+    """A preset is checked when it is used: one that sets a schedule's end without its kind, say, fails here."""
+    cfg = _compose(f"experiment={preset}")
+    if preset == "moba_kickstart":  # what `make train` runs: the scripted bot teaches every step at weight 1
+        assert (cfg.env.teacher, cfg.env.vs_scripted_fraction, cfg.ppo.kickstart_coef(0),
+                cfg.ppo.kickstart_coef(10**6)) == ("scripted", 1.0, 1.0, 1.0)
+
+
 def test_bad_config_from_the_command_line_fails_before_mpi_starts(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "jobs/train.py"), "ppo.lr.start=-1", f"runs_dir={tmp_path}"],
                          capture_output=True, text=True, timeout=120)
