@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -347,6 +347,13 @@ def build_config(cfg: DictConfig | dict) -> TrainConfig:
         cfg = OmegaConf.create(cfg)
     schema = _writable(OmegaConf.structured(TrainConfig))
     merged = OmegaConf.merge(schema, {k: v for k, v in cfg.items() if k in schema})
+    # A schedule's own checks know no field name: build each first, so that its error names the field.
+    for f in fields(PPOConfig):
+        if f.type == "Schedule":
+            try:
+                OmegaConf.to_object(merged.ppo[f.name])
+            except ValueError as e:
+                raise ValueError(f"ppo.{f.name}: {e}") from None
     return OmegaConf.to_object(merged)
 
 

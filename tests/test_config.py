@@ -91,6 +91,11 @@ def test_every_experiment_preset_builds(preset):
                 cfg.ppo.kickstart_coef(10**6)) == ("scripted", 1.0, 1.0, 1.0)
 
 
+def test_a_bad_schedule_is_named():
+    with pytest.raises(ValueError, match="ppo.kickstart_coef: a constant schedule"):
+        _compose("experiment=moba_kickstart", "ppo.kickstart_coef.end=0.0")
+
+
 def test_bad_config_from_the_command_line_fails_before_mpi_starts(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "jobs/train.py"), "ppo.lr.start=-1", f"runs_dir={tmp_path}"],
                          capture_output=True, text=True, timeout=120)
