@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from omegaconf import DictConfig, OmegaConf
@@ -25,6 +26,7 @@ from hpc_rl.topology import TopologyConfig
 from hpc_rl.transport.config import FULL_POLICIES, TransportConfig
 
 ALLREDUCES = ("horovod", "mpi")
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # torch.device names a role may run on; auto: a GPU if any
 UNDECAYED_EVENTS = ("win", "loss")  # OpenAI Five: the game-time decay spares the outcome
 WARMUP_OPPONENTS = ("random", "scripted")  # the bots a MOBA curriculum may start against
 
@@ -148,6 +150,10 @@ class PipelineConfig:
     keep_last: int = 3  # checkpoints kept: the last K ...
     keep_every: int = 50  # ... plus every M-th version
     allreduce: str = "horovod"  # learner gradient/statistics allreduce: "horovod" or "mpi" (mpi4py Allreduce)
+    # Where the inference and learner ranks run their networks: "auto" (the rank's GPU, cuda:<local rank mod GPUs>,
+    # where it sees one, else the CPU), "cpu", "cuda" or "cuda:N". Env ranks and the controller never use a GPU.
+    inference_device: str = "auto"
+    learner_device: str = "auto"
     heartbeat_s: float = 1.0  # every rank reports to the controller this often
     heartbeat_timeout_s: float = 60.0  # a rank silent this long is reported by name and the job aborted
     buffer_batches: int = 2  # a learner holds at most this many batches of segments beyond the staleness queue
@@ -178,6 +184,10 @@ class PipelineConfig:
             raise ValueError(f"pipeline.full_policy must be one of {FULL_POLICIES}, got {self.full_policy!r}")
         if self.allreduce not in ALLREDUCES:
             raise ValueError(f"pipeline.allreduce must be one of {ALLREDUCES}, got {self.allreduce!r}")
+        for name in ("inference_device", "learner_device"):
+            if not DEVICE_PATTERN.fullmatch(getattr(self, name)):
+                raise ValueError(f"pipeline.{name} must be 'auto', 'cpu', 'cuda' or 'cuda:N', got "
+                                 f"{getattr(self, name)!r}")
         if self.final_eval_games < 0 or self.final_eval_games % 2:
             raise ValueError(f"pipeline.final_eval_games must be even and >= 0 (half the games on each side; 0: "
                              f"off), got {self.final_eval_games}")
@@ -303,9 +313,10 @@ class TrainConfig:
         # Evaluator ranks only watch the checkpoints: adding one to a resumed run keeps its learning problem.
         d.pop("evaluation")
         d["topology"].pop("evaluator")
-        # Fault injection is a drill run on the same learning problem (and may be turned on for a resumed run).
+        # Fault injection is a drill run on the same learning problem (and may be turned on for a resumed run); where
+        # the networks run neither (a run moves between GPU and CPU nodes, its checkpoints load on both).
         for key in ("max_versions", "max_seconds", "final_eval_games", "heartbeat_timeout_s", "requeue",
-                    "fault_nonfinite_from_version"):
+                    "fault_nonfinite_from_version", "inference_device", "learner_device"):
             d["pipeline"].pop(key)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 

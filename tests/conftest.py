@@ -22,6 +22,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # marker) fails the session, listed in its report. A new kind is added here with the tests that need it.
 ABSENCES = {
     "root": "root privileges: mounting a tmpfs, starting munged and slurmd, making network namespaces",
+    "gpu": "a CUDA device: the GPU path's tests (tests/test_gpu.py; docs/GPU.md runs them on a GPU machine)",
 }
 CI_PROVIDES = {"root"}  # the CI machine (.ci/run) runs as root: there these absences fail instead
 _ABSENT = re.compile(r"absent (\w+): ")

@@ -53,6 +53,9 @@ def test_a_gymnasium_env_on_the_default_job_gets_the_default_learning_settings()
     ("pipeline.fault_nonfinite_from_version=-1", "pipeline.fault_nonfinite_from_version must be >= 0 (0: off)"),
     ("pipeline.final_eval_games=5", "pipeline.final_eval_games must be even and >= 0"),
     ("pipeline.final_eval_games=-2", "pipeline.final_eval_games must be even and >= 0"),
+    ("pipeline.learner_device=gpu", "pipeline.learner_device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    ("pipeline.inference_device=cuda:x", "pipeline.inference_device must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    ("ppo.precision=float16", "precision must be one of ('float32', 'bfloat16'), got 'float16'"),
 ])
 def test_bad_values_fail_at_compose_time(override, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -67,6 +70,9 @@ def test_config_hash_ignores_run_name_but_not_learning_settings():
     assert a.config_hash() == _compose("pipeline.fault_nonfinite_from_version=5").config_hash()
     # The final evaluation plays the trained policy: it does not change what is learned.
     assert a.config_hash() == _compose("pipeline.final_eval_games=0").config_hash()
+    # A run moves between GPU and CPU nodes; mixed precision changes the arithmetic of every update.
+    assert a.config_hash() == _compose("pipeline.learner_device=cpu", "pipeline.inference_device=cuda:1").config_hash()
+    assert a.config_hash() != _compose("ppo.precision=bfloat16").config_hash()
 
 
 def test_evaluator_ranks_rate_moba_only_and_do_not_change_the_learning_problem():

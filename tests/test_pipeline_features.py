@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hpc_rl.envs.scripted import scripted_bot_hash
 from hpc_rl.evaluation import FINAL_EVAL_SEED
@@ -67,6 +68,8 @@ def _check_summary(run_dir: Path, stdout: str) -> None:
     progress lines show no win rate against it."""
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["state"] == "finished" and summary["version"] == 16, summary
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"  # pipeline.*_device=auto: the rank's GPU where any
+    assert summary["devices"] == {"inference": [device], "learner": [device, device]}, summary["devices"]
     final = summary["final_eval"]
     assert (final["games"], final["bot"], final["bot_hash"], final["seed"]) == (4, "scripted", scripted_bot_hash(),
                                                                                 FINAL_EVAL_SEED), final

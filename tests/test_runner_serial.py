@@ -2,6 +2,7 @@
 publication to the inference worker, and lockstep learners."""
 
 import copy
+import dataclasses
 import threading
 
 import numpy as np
@@ -163,3 +164,22 @@ def test_learner_state_round_trip_continues_identically(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     np.testing.assert_array_equal(restored.normalizers["global"].stats.mean,
                                   runner.learner.normalizers["global"].stats.mean)
+
+
+def test_a_mixed_precision_update_steps_the_float32_way(tmp_path):
+    """ppo.precision=bfloat16 autocasts the forward pass (on the CPU here; on the GPU in tests/test_gpu.py): the
+    parameters, gradients and Adam stay float32, and one update's parameter step points where the float32 one's does,
+    while differing from it (the bf16 arithmetic did run)."""
+    runner = make_runner(tmp_path, num_envs=8, seed=4)
+    batch = runner.collect()
+    steps = []
+    for precision in ("float32", "bfloat16"):
+        torch.manual_seed(5)
+        learner = Learner(Policy(runner.spec, MODEL), dataclasses.replace(PPO, precision=precision), seed=1)
+        before = torch.cat([p.detach().flatten() for p in learner.policy.parameters()])
+        metrics = learner.update(batch)
+        assert all(np.isfinite(v) for v in metrics.values())
+        assert all(p.dtype == torch.float32 for p in learner.policy.parameters())
+        steps.append(torch.cat([p.detach().flatten() for p in learner.policy.parameters()]) - before)
+    assert not torch.equal(steps[0], steps[1])
+    assert torch.nn.functional.cosine_similarity(steps[0], steps[1], dim=0) > 0.9

@@ -37,7 +37,7 @@ def test_an_unlisted_skip_fails_the_session_and_is_listed(suite):
     result.stdout.fnmatch_lines(["*= skips that fail the session =*",
                                  "test_tiny.py::test_skipped: tensorboard is not installed",
                                  "test_tiny.py::test_marked: broken for now",
-                                 "A test may be skipped only for an absence in tests/conftest.py ABSENCES (root)*"])
+                                 "A test may be skipped only for an absence in tests/conftest.py ABSENCES (gpu, root)*"])
     result.stdout.fnmatch_lines(["SKIPPED *tensorboard is not installed"])  # -rs: the skip summary too
 
 
@@ -67,6 +67,6 @@ def test_in_ci_the_absence_of_what_ci_provides_fails(suite, monkeypatch):
 
 
 def test_an_absence_not_listed_is_an_error(suite):
-    result = suite("def test_needs_a_gpu(absent): absent('gpu', 'no CUDA device')\n")
+    result = suite("def test_needs_a_tpu(absent): absent('tpu', 'no TPU')\n")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*'gpu' is not an absence a test may be skipped for*"])
+    result.stdout.fnmatch_lines(["*'tpu' is not an absence a test may be skipped for*"])

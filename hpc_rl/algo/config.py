@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from hpc_rl.algo.schedules import Schedule, constant
 
+PRECISIONS = ("float32", "bfloat16")
+
 
 @dataclass(frozen=True)
 class PPOConfig:
@@ -36,6 +38,9 @@ class PPOConfig:
     clip_beta: float = 0.999  # decay of the clip's running second moment v
     max_grad_norm: float | None = None  # an optional global-norm clip after the per-parameter one
     adam_eps: float = 1e-5
+    # The learner's forward pass and losses: "float32", or "bfloat16" (mixed precision: autocast to bf16 where
+    # PyTorch deems it safe; parameters, gradients, Adam and the clip stay float32). docs/GPU.md measures both.
+    precision: str = "float32"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.lam <= 1.0:
@@ -48,3 +53,5 @@ class PPOConfig:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         if self.clip_k <= 0:
             raise ValueError(f"clip_k must be > 0, got {self.clip_k}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")

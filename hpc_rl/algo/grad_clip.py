@@ -56,7 +56,9 @@ class SecondMomentClip:
         self.beta = beta
         self.k = k
         self.step = 0
-        self.v = torch.zeros(sum(p.numel() for p in self.params))  # flat, in parameter order
+        # v and the gradients' flat buffer live where the parameters do: a gradient must be on its parameter's device
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.v = torch.zeros(sum(p.numel() for p in self.params), device=device)  # flat, in parameter order
         self.flat = torch.zeros_like(self.v)
         self.views = []
         offset = 0
@@ -92,4 +94,4 @@ class SecondMomentClip:
         if state["v"].shape != self.v.shape:
             raise ValueError(f"state holds v of {tuple(state['v'].shape)} entries, this clip has {tuple(self.v.shape)}")
         self.step = int(state["step"])
-        self.v = state["v"].clone()
+        self.v = state["v"].to(self.v.device, copy=True)  # a checkpoint's v is on the CPU, whichever device wrote it

@@ -89,24 +89,28 @@ class Learner:
         sums = dict.fromkeys((M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.APPROX_KL, M.CLIP_FRACTION,
                               M.GRAD_CLIPPED_FRACTION, M.KICKSTART_LOSS), 0.0)
         steps = skipped = 0
+        mixed_precision = cfg.precision == "bfloat16"
         for _ in range(cfg.epochs):
             order = torch.randperm(columns, generator=self.generator).to(self.device)
             for idx in order.chunk(cfg.num_minibatches):
-                out = self.policy({k: v[:, idx] for k, v in obs.items()}, chunked["hero"][:, idx],
-                                  chunked["starts"][:, idx], (h0[idx], c0[idx]),
-                                  actions={k: v[:, idx] for k, v in actions.items()},
-                                  teacher=None if teacher is None else {k: v[:, idx] for k, v in teacher.items()})
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=mixed_precision):
+                    out = self.policy({k: v[:, idx] for k, v in obs.items()}, chunked["hero"][:, idx],
+                                      chunked["starts"][:, idx], (h0[idx], c0[idx]),
+                                      actions={k: v[:, idx] for k, v in actions.items()},
+                                      teacher=None if teacher is None else {k: v[:, idx] for k, v in teacher.items()})
+                # The losses in float32 (a no-op without mixed precision): the ratio exp(logp − logp_old) and the
+                # advantage-weighted sums lose too much in bf16's 8 bits of mantissa.
                 w = chunked["weight"][:, idx]
-                pl, stats = dual_clip_policy_loss(out.logp, chunked["logp"][:, idx], chunked["adv"][:, idx],
+                pl, stats = dual_clip_policy_loss(out.logp.float(), chunked["logp"][:, idx], chunked["adv"][:, idx],
                                                   cfg.clip_eps, cfg.dual_clip, w)
                 scale = self.policy.normalized_value
-                vl = value_loss(scale(out.value), scale(chunked["value"][:, idx]), scale(chunked["ret"][:, idx]),
-                                cfg.value_clip, w)
-                ent = entropy_bonus(out.entropy, w)
+                vl = value_loss(scale(out.value.float()), scale(chunked["value"][:, idx]),
+                                scale(chunked["ret"][:, idx]), cfg.value_clip, w)
+                ent = entropy_bonus(out.entropy.float(), w)
                 loss = pl + cfg.value_coef * vl - entropy_coef * ent
                 ks = torch.zeros(())
                 if teacher is not None:
-                    ks = kickstart_loss(out.teacher_logp, w)
+                    ks = kickstart_loss(out.teacher_logp.float(), w)
                     loss = loss + kickstart_coef * ks
                 self.optimizer.zero_grad(set_to_none=False)
                 loss.backward()

@@ -7,13 +7,15 @@ import torch
 
 
 def select_device(prefer: str = "auto", local_rank: int = 0) -> torch.device:
-    """``auto``: ``cuda:<local_rank mod #GPUs>`` when CUDA is available, else ``cpu``; or the named device."""
-    if prefer == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
+    """``auto``: the rank's GPU where CUDA is available, else ``cpu``; ``cuda``: the rank's GPU, or an error without
+    one; ``cpu`` or ``cuda:N``: that device. The rank's GPU is ``cuda:<local_rank mod #GPUs>``, so the ranks of a
+    node spread over its GPUs."""
+    if prefer == "auto" and not torch.cuda.is_available():
         return torch.device("cpu")
     if prefer.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {prefer!r} requested but CUDA is not available")
+    if prefer in ("auto", "cuda"):
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device(prefer)
 
 

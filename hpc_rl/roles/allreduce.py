@@ -3,7 +3,8 @@ ranks, or the one learner of a run in one process.
 
 Horovod's last release is from 2023; a site where it does not build still runs, with ``pipeline.allreduce=mpi``.
 Both sum a tensor over the learner sub-communicator and broadcast parameters from learner 0; the tests check that
-they give the same update.
+they give the same update. Learners on GPUs reduce through host memory with mpi4py, and with a Horovod built without
+CUDA; a Horovod built with CUDA (and NCCL) reduces GPU tensors in place.
 """
 
 from __future__ import annotations
@@ -86,16 +87,21 @@ class HorovodAllreduce:
         self.hvd = hvd
         self.size = hvd.size()
         self.rank = hvd.rank()
+        # A Horovod built without CUDA (as `make setup` builds it) refuses GPU tensors: those go through host memory.
+        self.through_host = not hvd.cuda_built()
+
+    def _host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().cpu() if tensor.is_cuda and self.through_host else tensor.detach()
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         # Calls are synchronous and in the same order on every learner, so a name per shape and dtype is unique
         # among those in flight and keeps Horovod's response cache small.
         name = f"sum.{tensor.dtype}.{'x'.join(map(str, tensor.shape))}"
-        return self.hvd.allreduce(tensor.detach(), op=self.hvd.Sum, name=name)
+        return self.hvd.allreduce(self._host(tensor), op=self.hvd.Sum, name=name).to(tensor.device)
 
     def broadcast_(self, tensors: list[torch.Tensor], root: int = 0) -> None:
         for i, t in enumerate(tensors):
-            t.data.copy_(self.hvd.broadcast(t.detach(), root_rank=root, name=f"bcast.{i}"))
+            t.data.copy_(self.hvd.broadcast(self._host(t), root_rank=root, name=f"bcast.{i}"))
 
     def shutdown(self) -> None:
         self.hvd.shutdown()

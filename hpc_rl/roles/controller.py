@@ -473,8 +473,12 @@ class Controller:
                             f"scripted bot")
         commands.append(self._resume_command(python))
         version = self.learners_done if self.learners_done is not None else self.version  # closed early
+        # Where each network-running role ran, as its ranks reported it (a GPU named by torch, or cpu).
+        devices = {role.value: [s.get("device") for s in self._role_stats(role)]
+                   for role in (Role.INFERENCE, Role.LEARNER)}
         return {"run_name": self.config.run_name, "state": self.stop_reason, "version": version,
-                "seconds": time.monotonic() - self.started, "final_eval": final, "final_eval_note": note,
+                "seconds": time.monotonic() - self.started, "devices": devices,
+                "final_eval": final, "final_eval_note": note,
                 "files": {name: str(path) for name, path in files.items()}, "next": commands}
 
     def _resume_command(self, python: str) -> str:

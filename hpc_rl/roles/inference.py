@@ -80,7 +80,7 @@ class InferenceWorker:
         self.env_ranks = env_ranks
         self.exchange, self.rings, self.params, self.link = exchange, rings, params, link
         self.spec = spec
-        self.device = select_device("auto", local_rank())
+        self.device = select_device(config.pipeline.inference_device, local_rank())
         self.policy = Policy(self.spec, config.model).to(self.device)
         self.policy.eval()
         self.version = -1
@@ -220,7 +220,7 @@ class InferenceWorker:
                         "mean_batch": self.batch_agents / max(self.batches, 1),
                         "passes": self.passes / max(self.batches, 1),
                         "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
-                        "seconds": time.monotonic() - self.started})
+                        "seconds": time.monotonic() - self.started, "device": str(self.device)})
 
     def _wait_requests(self, env_ranks: set[int]) -> dict[int, np.ndarray]:
         """One request from every live env rank; beats while waiting; names a silent env rank past the deadline."""

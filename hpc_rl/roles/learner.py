@@ -123,7 +123,7 @@ class LearnerWorker:
         self.index = allreduce.rank
         self.ring, self.params, self.link = ring, params, link
         self.spec = spec
-        self.device = select_device("auto", local_rank())
+        self.device = select_device(config.pipeline.learner_device, local_rank())
         torch.manual_seed(config.seed)
         self.policy = Policy(self.spec, config.model).to(self.device)
         self.learner = Learner(self.policy, config.ppo, allreduce_sum=self.allreduce.sum,
@@ -326,4 +326,4 @@ class LearnerWorker:
 
     def _stats(self) -> dict:
         return {"version": self.learner.version, "produced": self.produced, "consumed": self.consumed,
-                "held": len(self.store), "seconds": time.monotonic() - self.started}
+                "held": len(self.store), "seconds": time.monotonic() - self.started, "device": str(self.device)}

@@ -1,0 +1,213 @@
+"""The GPU path's speed: the default job with its inference and learner ranks on the GPU beside the same job on CPU
+cores, a scaling curve over env ranks, and the learner's samples/s per GPU as the model grows.
+
+    python -m hpc_rl.bench gpu --json                       # on a machine with a GPU and >= 16 cores
+    python -m hpc_rl.bench gpu --parts devices --seconds 40 --progress results.jsonl
+
+- ``devices``: the default MOBA job (jobs/train.py) with ``--env-ranks`` env ranks, one inference rank and two
+  learners, run for ``--seconds`` each: every rank on CPU cores; inference and learners on the GPU; the same in
+  mixed precision (``ppo.precision=bfloat16``); and the GPU job with an LSTM of ``--large-lstm`` units. The env ranks
+  are on CPU cores in every job. ``gpu_vs_cpu_learner_samples`` and ``gpu_vs_cpu_env_steps`` are ratios within
+  this one run.
+- ``scaling``: the GPU job with 1, 2, 4, 8, 12 env ranks (``--scaling``): the rates per configuration and the
+  efficiency against linear scaling from the first (rate / (first rate x env ranks / first env ranks)).
+- ``model``: the PPO update alone (``hpc_rl.algo.learner.Learner.update``, one batch of ``--model-batch`` copies x
+  64 steps x 2 agents, the default PPO settings) on the GPU for each LSTM size in ``--lstm-sizes``, float32 and
+  bfloat16: samples/s per GPU (Honor of Kings reports 80,000 per GPU, with an LSTM of 1024 units).
+
+Job rates are steady-state rates over the last two thirds of a job's versions (its start, CUDA's and the
+compilation of the env's kernels included, would otherwise count): ``env_steps_per_s`` copy-steps of the env ranks
+per second, ``learner_samples_per_s`` samples consumed by the learners per second (each version trains on one global
+batch, ``work(config)["samples_per_update"]`` samples, counted once whatever the epochs), ``inference_batch`` the
+mean observations in one forward pass of the inference rank and ``inference_ms`` its mean time. docs/GPU.md holds
+the figures of one run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hpc_rl import metric_names as M
+from hpc_rl.bench.e2e import pipeline_config, work
+from hpc_rl.launch import mpirun_command, rank_env
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = ("devices", "model", "scaling")
+HOK_SAMPLES_PER_GPU = 80_000  # Honor of Kings 1v1 (Ye et al. 2020): training samples per second per GPU
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    parser.add_argument("--seconds", type=float, default=40.0, help="wall time of each job (pipeline.max_seconds)")
+    parser.add_argument("--env-ranks", type=int, default=8, help="env ranks of the devices part's jobs")
+    parser.add_argument("--learners", type=int, default=2)
+    parser.add_argument("--large-lstm", type=int, default=1024, help="the LSTM size of the devices part's large job")
+    parser.add_argument("--scaling", type=int, nargs="+", default=[1, 2, 4, 8, 12], help="env ranks per point")
+    parser.add_argument("--lstm-sizes", type=int, nargs="+", default=[128, 1024, 2048])
+    parser.add_argument("--model-batch", type=int, default=128, help="copies in the model part's batch")
+    parser.add_argument("--repeats", type=int, default=5, help="timed updates per model point; the fastest counts")
+    parser.add_argument("--gpu-device", default="cuda", help="the device of the GPU side (cpu: try the benchmark on a "
+                                                              "machine without a GPU)")
+    parser.add_argument("--progress", type=Path, default=None,
+                        help="append one JSON line per finished configuration to this file (kept if the bench is "
+                             "stopped before its end)")
+
+
+# --- figures of a job ----------------------------------------------------------------------------------------------
+def steady_rates(versions: np.ndarray, wall: np.ndarray, env_steps: np.ndarray, samples_per_update: int) -> dict:
+    """Rates over the last two thirds of a job's versions: from the first version logged at or after a third of the
+    job's last wall time to the last one. ``versions``, ``wall`` (controller seconds since the start) and
+    ``env_steps`` (copy-steps of all env ranks so far) are the per-version rows of metrics.h5."""
+    if len(versions) < 3:
+        raise ValueError(f"{len(versions)} versions are too few for a steady-state rate (need >= 3): run longer")
+    first = int(np.searchsorted(wall, wall[-1] / 3))
+    first = min(first, len(versions) - 2)
+    seconds = float(wall[-1] - wall[first])
+    return {"env_steps_per_s": float(env_steps[-1] - env_steps[first]) / seconds,
+            "learner_samples_per_s": float(versions[-1] - versions[first]) * samples_per_update / seconds,
+            "window_versions": int(versions[-1] - versions[first]), "window_seconds": seconds}
+
+
+def _figures(run_dir: Path, samples_per_update: int) -> dict:
+    from hpc_rl.storage import open_run
+
+    m = open_run(run_dir).metrics
+    wall, steps = m[M.WALL_SECONDS], m[M.ENV_STEPS]
+    if not np.array_equal(wall["version"], steps["version"]):
+        raise RuntimeError(f"{run_dir}: {M.WALL_SECONDS} and {M.ENV_STEPS} are logged at different versions")
+    out = steady_rates(wall["version"], wall["value"], steps["value"], samples_per_update)
+    for key, name in ((M.INFERENCE_BATCH, "inference_batch"), (M.INFERENCE_MS, "inference_ms"),
+                      (M.STALENESS_MEAN, "staleness_mean")):
+        values = m[key]["value"]
+        out[name] = float(values[len(values) // 3:].mean())
+    out["versions"] = int(wall["version"][-1])
+    return out
+
+
+def run_job(runs: Path, name: str, overrides: list[str], seconds: float) -> dict:
+    """jobs/train.py with ``overrides`` for ``seconds``; its figures, config and where its ranks ran."""
+    overrides = [f"run_name={name}", f"runs_dir={runs}", "pipeline.max_versions=1000000",
+                 f"pipeline.max_seconds={seconds}", "pipeline.final_eval_games=0", "pipeline.allreduce=mpi",
+                 *overrides]
+    config = pipeline_config(overrides)
+    cmd = mpirun_command(config.topology.world_size, [str(ROOT / "jobs/train.py"), *overrides])
+    started = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=rank_env(), timeout=seconds + 300)
+    if out.returncode != 0:
+        raise RuntimeError(f"job {name} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    summary = json.loads((runs / name / "summary.json").read_text())
+    return {"name": name, "env_ranks": config.topology.env, "learners": config.topology.learner,
+            "lstm_size": config.model.lstm_size, "precision": config.ppo.precision, "devices": summary["devices"],
+            **_figures(runs / name, work(config)["samples_per_update"]),
+            "job_seconds": time.monotonic() - started}
+
+
+def _record(progress: Path | None, part: str, row: dict) -> None:
+    if progress is not None:
+        with progress.open("a") as f:
+            f.write(json.dumps({"part": part, **row}) + "\n")
+
+
+# --- parts -------------------------------------------------------------------------------------------------------
+def devices(args, runs: Path) -> dict:
+    topology = [f"topology.env={args.env_ranks}", "topology.inference=1", f"topology.learner={args.learners}"]
+    cpu = ["pipeline.inference_device=cpu", "pipeline.learner_device=cpu"]
+    gpu = [f"pipeline.inference_device={args.gpu_device}", f"pipeline.learner_device={args.gpu_device}"]
+    jobs = {"cpu": cpu, "gpu": gpu, "gpu_bf16": [*gpu, "ppo.precision=bfloat16"],
+            f"gpu_lstm{args.large_lstm}": [*gpu, f"model.lstm_size={args.large_lstm}"]}
+    rows = {}
+    for name, overrides in jobs.items():
+        rows[name] = run_job(runs, name, [*topology, *overrides], args.seconds)
+        _record(args.progress, "devices", rows[name])
+    return {"jobs": rows,
+            "gpu_vs_cpu_learner_samples": rows["gpu"]["learner_samples_per_s"] / rows["cpu"]["learner_samples_per_s"],
+            "gpu_vs_cpu_env_steps": rows["gpu"]["env_steps_per_s"] / rows["cpu"]["env_steps_per_s"],
+            "bf16_vs_fp32_learner_samples": rows["gpu_bf16"]["learner_samples_per_s"]
+            / rows["gpu"]["learner_samples_per_s"]}
+
+
+def efficiency(ranks: list[int], rates: list[float]) -> list[float]:
+    """Each point's rate against linear scaling from the first point: rate / (rate_0 * ranks / ranks_0)."""
+    return [rate / (rates[0] * n / ranks[0]) for n, rate in zip(ranks, rates)]
+
+
+def scaling(args, runs: Path) -> dict:
+    rows = []
+    for n in args.scaling:
+        overrides = [f"topology.env={n}", "topology.inference=1", f"topology.learner={args.learners}",
+                     f"pipeline.inference_device={args.gpu_device}", f"pipeline.learner_device={args.gpu_device}"]
+        rows.append(run_job(runs, f"scale{n}", overrides, args.seconds))
+        _record(args.progress, "scaling", rows[-1])
+    ranks = [r["env_ranks"] for r in rows]
+    return {"points": rows,
+            "env_steps_efficiency": efficiency(ranks, [r["env_steps_per_s"] for r in rows]),
+            "learner_samples_efficiency": efficiency(ranks, [r["learner_samples_per_s"] for r in rows])}
+
+
+def model(args, runs: Path) -> dict:
+    """The learner's update alone on the GPU, per LSTM size and precision."""
+    import dataclasses
+
+    import torch
+
+    from hpc_rl.algo.learner import Learner
+    from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
+    from hpc_rl.model.config import ModelConfig
+    from hpc_rl.model.policy import Policy
+    from hpc_rl.runner import SerialRunner
+
+    device = torch.device(args.gpu_device)
+    base = pipeline_config([f"runs_dir={runs}", "run_name=model"])  # the default job's PPO and model settings
+    config = TrainConfig(runs_dir=str(runs), run_name="model-batch", env=EnvConfig(num_envs=args.model_batch),
+                         model=base.model, ppo=base.ppo, pipeline=PipelineConfig(segment_len=64))
+    runner = SerialRunner(config)
+    batch = runner.collect()  # real observations; the stored LSTM states are replaced by zeros of each size
+    samples = batch.obs["global"].shape[0] * batch.obs["global"].shape[1]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows = []
+    for size in args.lstm_sizes:
+        sized = batch.replace(chunk_h=torch.zeros(*batch.chunk_h.shape[:-1], size),
+                              chunk_c=torch.zeros(*batch.chunk_c.shape[:-1], size))
+        for precision in ("float32", "bfloat16"):
+            policy = Policy(runner.spec, dataclasses.replace(base.model, lstm_size=size)).to(device)
+            learner = Learner(policy, dataclasses.replace(base.ppo, precision=precision), device=device)
+            learner.update(sized)  # warm-up: cuDNN's choices, allocations, Adam's state
+            times = []
+            for _ in range(args.repeats):
+                sync()
+                t0 = time.perf_counter()
+                learner.update(sized)
+                sync()
+                times.append(time.perf_counter() - t0)
+            rate = samples * base.ppo.epochs / min(times)
+            row = {"lstm_size": size, "precision": precision, "parameters": sum(p.numel() for p in policy.parameters()),
+                   "batch_samples": samples, "epochs": base.ppo.epochs, "samples_per_s": rate,
+                   "vs_honor_of_kings": rate / HOK_SAMPLES_PER_GPU}
+            rows.append(row)
+            _record(args.progress, "model", row)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"device": name, "honor_of_kings_samples_per_gpu": HOK_SAMPLES_PER_GPU, "rows": rows}
+
+
+def run(args) -> dict:
+    import torch
+
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise ValueError(f"unknown parts {unknown}; choose from {PARTS}")
+    if args.gpu_device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("the gpu benchmark needs a CUDA device, and torch sees none (--gpu-device cpu tries it on "
+                         "CPU cores)")
+    gpu = torch.cuda.get_device_name(0) if args.gpu_device.startswith("cuda") else "cpu"
+    out: dict = {"gpu": gpu, "seconds_per_job": args.seconds}
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in parts:
+            out[part] = {"devices": devices, "scaling": scaling, "model": model}[part](args, Path(tmp))
+    return out

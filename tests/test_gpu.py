@@ -1,0 +1,183 @@
+"""The GPU path: inference and learners on CUDA agree with the CPU to float32 tolerance, checkpoints move between
+the two, and a job runs its inference and learner ranks on the GPU (learners reducing through host memory).
+
+Every test here needs a CUDA device and is skipped (absent gpu) where torch sees none; the CPU side of the same
+code (mixed precision, devices in the config) is tested in tests/test_algo_ppo.py and tests/test_config.py.
+"""
+
+import copy
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpc_rl.algo.config import PPOConfig
+from hpc_rl.algo.learner import Learner
+from hpc_rl.algo.schedules import constant
+from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
+from hpc_rl.evaluation import load_policy, policy_from_checkpoint
+from hpc_rl.launch import mpirun_command, rank_env
+from hpc_rl.model.config import ModelConfig
+from hpc_rl.model.device import to_device
+from hpc_rl.model.policy import Policy, act, hero_indices
+from hpc_rl.runner import SerialRunner
+from hpc_rl.storage import commit_checkpoint, load_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.gpu
+
+MODEL = ModelConfig(core="lstm", lstm_size=64, embed_size=32)
+PPO = PPOConfig(lr=constant(1e-3), epochs=2, num_minibatches=2, value_norm=True)
+
+
+@pytest.fixture(autouse=True)
+def cuda(absent):
+    """The GPU, with TF32 off: float32 agreement with the CPU is what these tests check, and TF32 rounds matmul
+    inputs to 10 bits of mantissa."""
+    if not torch.cuda.is_available():
+        absent("gpu", "needs a CUDA device (torch.cuda.is_available() is False)")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _runner(runs_dir: Path) -> SerialRunner:
+    """A serial MOBA runner on the CPU: real observations (entities, masks) and segments with stored LSTM states."""
+    return SerialRunner(TrainConfig(runs_dir=str(runs_dir), env=EnvConfig(num_envs=4), model=MODEL, ppo=PPO,
+                                    pipeline=PipelineConfig(segment_len=32, segments_per_batch=1)))
+
+
+def _learners(spec, cuda, ppo: PPOConfig = PPO) -> tuple[Learner, Learner]:
+    """Two learners with the same initial parameters and shuffling seed, on the CPU and on the GPU."""
+    torch.manual_seed(0)
+    cpu_policy = Policy(spec, MODEL)
+    gpu_policy = copy.deepcopy(cpu_policy).to(cuda)
+    return Learner(cpu_policy, ppo, device="cpu", seed=1), Learner(gpu_policy, ppo, device=cuda, seed=1)
+
+
+def _assert_same_learner(cpu: Learner, gpu: Learner, atol: float | None) -> None:
+    """Parameters, normaliser buffers and the clip's moments agree (to ``atol``; None: exactly); the GPU side's live
+    on the GPU."""
+    pairs = [(name, a, b) for (name, a), b in zip(cpu.policy.state_dict().items(), gpu.policy.state_dict().values())]
+    pairs.append(("clip.v", cpu.clip.v, gpu.clip.v))
+    for name, a, b in pairs:
+        assert b.device.type == "cuda", name
+        if atol is None:
+            assert torch.equal(b.cpu(), a), name
+        else:
+            torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=atol if name != "clip.v" else 1e-12,
+                                       msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_inference_on_cuda_matches_the_cpu(tmp_path, cuda):
+    """Twenty steps of a game: the same greedy actions, log-probabilities, values and LSTM states on both devices,
+    the GPU side fed through pinned memory as inference ranks feed it."""
+    runner = _runner(tmp_path)
+    env = runner.config.env.make(num_envs=4)
+    cpu_policy = runner.policy.eval()
+    gpu_policy = copy.deepcopy(cpu_policy).to(cuda)
+    n = 4 * env.spec.num_agents
+    hero = torch.from_numpy(hero_indices(env.spec)).repeat(4)
+    starts = torch.ones(n, dtype=torch.bool)
+    states = cpu_policy.initial_state(n), gpu_policy.initial_state(n, cuda)
+    obs = env.reset(seed=3)
+    for _ in range(20):
+        flat = {k: v.reshape(n, *v.shape[2:]) for k, v in obs.items()}
+        on_cpu = act(cpu_policy, to_device(flat, torch.device("cpu")), hero, starts, states[0], deterministic=True)
+        on_gpu = act(gpu_policy, to_device(flat, cuda), hero.to(cuda), starts.to(cuda), states[1],
+                     deterministic=True)
+        for head, chosen in on_cpu.actions.items():
+            assert torch.equal(on_gpu.actions[head].cpu(), chosen), head
+        torch.testing.assert_close(on_gpu.logp.cpu(), on_cpu.logp, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(on_gpu.value.cpu(), on_cpu.value, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(on_gpu.state[0].cpu(), on_cpu.state[0], rtol=1e-4, atol=1e-5)
+        states = on_cpu.state, on_gpu.state
+        starts = torch.zeros(n, dtype=torch.bool)
+        obs, _reward, done, _info = env.step({k: v.reshape(4, -1).numpy() for k, v in on_cpu.actions.items()})
+        starts = torch.from_numpy(done).repeat_interleave(env.spec.num_agents)
+
+
+def test_learner_update_on_cuda_matches_the_cpu(tmp_path, cuda):
+    """The same batch, the same initial parameters and shuffling: after two updates (four gradient steps each,
+    through OpenAI Five's clip, Adam and the normalisers) both devices hold the same parameters, clip moments and
+    normaliser statistics, and report the same losses."""
+    runner = _runner(tmp_path)
+    batches = runner.collect(), runner.collect()
+    cpu, gpu = _learners(runner.spec, cuda)
+    for batch in batches:
+        on_cpu, on_gpu = cpu.update(batch), gpu.update(batch)
+        for key in ("train/policy_loss", "train/value_loss", "train/entropy", "train/approx_kl"):
+            assert on_gpu[key] == pytest.approx(on_cpu[key], rel=1e-3, abs=1e-6), key
+    _assert_same_learner(cpu, gpu, atol=1e-5)
+
+
+def test_mixed_precision_update_on_cuda_follows_the_float32_one(tmp_path, cuda):
+    """bf16 autocast changes the arithmetic, not the update: its parameter step points the float32 step's way."""
+    runner = _runner(tmp_path)
+    batch = runner.collect()
+    _, full = _learners(runner.spec, cuda)
+    _, mixed = _learners(runner.spec, cuda, dataclasses.replace(PPO, precision="bfloat16"))
+    before = torch.cat([p.detach().flatten() for p in full.policy.parameters()])
+    metrics = mixed.update(batch)
+    full.update(batch)
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    step_full = torch.cat([p.detach().flatten() for p in full.policy.parameters()]) - before
+    step_mixed = torch.cat([p.detach().flatten() for p in mixed.policy.parameters()]) - before
+    assert torch.nn.functional.cosine_similarity(step_full, step_mixed, dim=0) > 0.9
+
+
+def test_a_checkpoint_written_on_the_gpu_resumes_on_the_cpu_and_the_gpu_alike(tmp_path, cuda):
+    """A GPU learner's checkpoint (a real HDF5 file) loads into a CPU learner and a GPU learner: the same parameters,
+    optimiser and clip state, so their next updates agree; an inference rank's loader places it on the GPU."""
+    runner = _runner(tmp_path)
+    first, second = runner.collect(), runner.collect()
+    _, writer = _learners(runner.spec, cuda)
+    writer.update(first)
+    path = commit_checkpoint(tmp_path / "ckpt", writer.version, writer.checkpoint_sections(), "hash")
+    ckpt = load_checkpoint(path)
+    cpu, gpu = _learners(runner.spec, cuda)
+    for learner in (cpu, gpu):
+        learner.load_checkpoint_sections(ckpt.sections)
+        assert learner.version == writer.version
+    _assert_same_learner(cpu, writer, atol=None)
+    _assert_same_learner(cpu, gpu, atol=None)
+    assert all(s.device.type == "cuda" for state in gpu.optimizer.state.values() for s in state.values()
+               if torch.is_tensor(s) and s.dim() > 0)
+    cpu.update(second)
+    gpu.update(second)
+    _assert_same_learner(cpu, gpu, atol=1e-5)
+    served = policy_from_checkpoint(ckpt, runner.config).to(cuda)
+    for a, b in zip(served.state_dict().values(), writer.policy.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+JOB = ["topology.env=1", "topology.inference=1", "topology.learner=2", "env.num_envs=4", "pipeline.segment_len=32",
+       "pipeline.segments_per_batch=1", "pipeline.checkpoint_every=2", "pipeline.allreduce=mpi",
+       "pipeline.final_eval_games=0"]
+
+
+def _job(runs: Path, versions: int, devices: list[str]) -> dict:
+    cmd = mpirun_command(5, [str(ROOT / "jobs/train.py"), "run_name=gpu", f"runs_dir={runs}", *JOB, *devices,
+                             f"pipeline.max_versions={versions}"])
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=runs, env=rank_env(), timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return json.loads((runs / "gpu/summary.json").read_text())
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_a_job_trains_on_the_gpu_and_resumes_on_the_cpu(tmp_path):
+    """Real ranks: the inference rank and both learners (mpi4py allreduce of CUDA tensors through host memory) on
+    the GPU for 4 versions, then the same run resumed from its GPU-written checkpoint with every rank on the CPU."""
+    summary = _job(tmp_path, 4, ["pipeline.inference_device=cuda", "pipeline.learner_device=cuda"])
+    assert summary["state"] == "finished" and summary["version"] == 4, summary
+    assert summary["devices"] == {"inference": ["cuda:0"], "learner": ["cuda:0", "cuda:0"]}, summary["devices"]
+    summary = _job(tmp_path, 6, ["pipeline.inference_device=cpu", "pipeline.learner_device=cpu"])
+    assert summary["state"] == "finished" and summary["version"] == 6, summary
+    assert summary["devices"] == {"inference": ["cpu"], "learner": ["cpu", "cpu"]}, summary["devices"]
+    policy, _config, version = load_policy(tmp_path / "gpu")
+    assert version == 6 and all(p.device.type == "cpu" for p in policy.parameters())
