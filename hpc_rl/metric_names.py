@@ -31,6 +31,7 @@ REUSE = "data/reuse"  # samples consumed by gradient steps (every epoch counts) 
 REJECTED_SEGMENTS = "data/rejected_segments"
 DROPPED_SEGMENTS = "data/dropped_segments"  # learner 0's, dropped from a full buffer before any use (only a reuse
 #                                              target below ppo.epochs drops: producers otherwise wait on the ring)
+LEARNER_SAMPLES = "perf/learner_samples"  # trained samples (weight > 0) consumed so far, once per sample
 LEARNER_SAMPLES_PER_S = "perf/learner_samples_per_s"  # samples consumed per second, once per sample
 BUFFER_SEGMENTS = "perf/buffer_segments"
 RING_OCCUPANCY = "perf/ring_occupancy"  # fraction of ring slots READY, over the polls since the last update
@@ -46,7 +47,7 @@ ENV_STEPS = "perf/env_steps"
 ENV_STEPS_PER_S = "perf/env_steps_per_s"
 INFERENCE_BATCH = "perf/inference_batch"  # mean observations per step of an inference rank (all its env ranks)
 INFERENCE_PASSES = "perf/inference_passes"  # mean forward passes per step: 1 + the past versions in play
-INFERENCE_MS = "perf/inference_ms"  # mean time of a step's forward passes
+INFERENCE_MS = "perf/inference_ms"  # mean time of a step: observations to the device, passes, actions back
 WALL_SECONDS = "perf/wall_seconds"
 WIN_RATE_VS_SCRIPTED = "eval/win_rate_vs_scripted"  # the learning side's games against the bot, last ten versions
 GAMES_VS_SCRIPTED = "eval/games_vs_scripted"

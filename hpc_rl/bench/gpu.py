@@ -11,14 +11,17 @@ cores, a scaling curve over env ranks, and the learner's samples/s per GPU as th
   this one run.
 - ``scaling``: the GPU job with 1, 2, 4, 8, 12 env ranks (``--scaling``): the rates per configuration and the
   efficiency against linear scaling from the first (rate / (first rate x env ranks / first env ranks)).
-- ``model``: the PPO update alone (``hpc_rl.algo.learner.Learner.update``, one batch of ``--model-batch`` copies x
-  64 steps x 2 agents, the default PPO settings) on the GPU for each LSTM size in ``--lstm-sizes``, float32 and
-  bfloat16: samples/s per GPU (Honor of Kings reports 80,000 per GPU, with an LSTM of 1024 units).
+- ``model``: the PPO update alone (``hpc_rl.algo.learner.Learner.update``, the default job's PPO settings) on one
+  batch of ``--model-batch`` copies x 64 steps x 2 agents, every agent trained (no scripted side), on the GPU for
+  each LSTM size in ``--lstm-sizes``, float32 and bfloat16: samples/s per GPU. Honor of Kings (Ye et al. 2020,
+  section 5.1) reports about 80,000 samples/s per P40 with an LSTM of 1024 units unrolled over 16 steps and
+  minibatches of 4096 per GPU; the default 128 copies give 16,384 samples in 4 minibatches of 4,096, over chunks
+  of 16 steps.
 
 Job rates are steady-state rates over the last two thirds of a job's versions (its start, CUDA's and the
 compilation of the env's kernels included, would otherwise count): ``env_steps_per_s`` copy-steps of the env ranks
-per second, ``learner_samples_per_s`` samples consumed by the learners per second (each version trains on one global
-batch, ``work(config)["samples_per_update"]`` samples, counted once whatever the epochs), ``inference_batch`` the
+per second, ``learner_samples_per_s`` trained samples consumed by the learners per second (``perf/learner_samples``,
+counted once whatever the epochs, as ``perf/learner_samples_per_s`` counts them), ``inference_batch`` the
 mean observations in one forward pass of the inference rank and ``inference_ms`` its mean time. docs/GPU.md holds
 the figures of one run.
 """
@@ -34,12 +37,12 @@ from pathlib import Path
 import numpy as np
 
 from hpc_rl import metric_names as M
-from hpc_rl.bench.e2e import pipeline_config, work
+from hpc_rl.bench.e2e import pipeline_config
 from hpc_rl.launch import mpirun_command, rank_env
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("devices", "model", "scaling")
-HOK_SAMPLES_PER_GPU = 80_000  # Honor of Kings 1v1 (Ye et al. 2020): training samples per second per GPU
+HOK_SAMPLES_PER_GPU = 80_000  # Honor of Kings 1v1 (Ye et al. 2020, 5.1): training samples per second per P40
 
 
 def add_arguments(parser) -> None:
@@ -60,33 +63,33 @@ def add_arguments(parser) -> None:
 
 
 # --- figures of a job ----------------------------------------------------------------------------------------------
-def steady_rates(versions: np.ndarray, wall: np.ndarray, env_steps: np.ndarray, samples_per_update: int) -> dict:
-    """Rates over the last two thirds of a job's versions: from the first version logged at or after a third of the
-    job's last wall time to the last one. ``versions``, ``wall`` (controller seconds since the start) and
-    ``env_steps`` (copy-steps of all env ranks so far) are the per-version rows of metrics.h5."""
-    if len(versions) < 3:
-        raise ValueError(f"{len(versions)} versions are too few for a steady-state rate (need >= 3): run longer")
-    first = int(np.searchsorted(wall, wall[-1] / 3))
-    first = min(first, len(versions) - 2)
+def steady_rates(wall: np.ndarray, env_steps: np.ndarray, learner_samples: np.ndarray) -> dict:
+    """Rates over the last two thirds of a job: from the first version logged at or after a third of the job's last
+    wall time to the last version. ``wall`` (controller seconds since the start), ``env_steps`` (copy-steps of all env
+    ranks so far) and ``learner_samples`` (trained samples consumed so far) are metrics.h5's per-version rows."""
+    if len(wall) < 3:
+        raise ValueError(f"{len(wall)} versions are too few for a steady-state rate (need >= 3): run longer")
+    first = min(int(np.searchsorted(wall, wall[-1] / 3)), len(wall) - 2)
     seconds = float(wall[-1] - wall[first])
     return {"env_steps_per_s": float(env_steps[-1] - env_steps[first]) / seconds,
-            "learner_samples_per_s": float(versions[-1] - versions[first]) * samples_per_update / seconds,
-            "window_versions": int(versions[-1] - versions[first]), "window_seconds": seconds}
+            "learner_samples_per_s": float(learner_samples[-1] - learner_samples[first]) / seconds,
+            "window_versions": len(wall) - 1 - first, "window_seconds": seconds}
 
 
-def _figures(run_dir: Path, samples_per_update: int) -> dict:
+def _figures(run_dir: Path) -> dict:
     from hpc_rl.storage import open_run
 
     m = open_run(run_dir).metrics
-    wall, steps = m[M.WALL_SECONDS], m[M.ENV_STEPS]
-    if not np.array_equal(wall["version"], steps["version"]):
-        raise RuntimeError(f"{run_dir}: {M.WALL_SECONDS} and {M.ENV_STEPS} are logged at different versions")
-    out = steady_rates(wall["version"], wall["value"], steps["value"], samples_per_update)
+    rows = [m[key] for key in (M.WALL_SECONDS, M.ENV_STEPS, M.LEARNER_SAMPLES)]
+    if any(not np.array_equal(r["version"], rows[0]["version"]) for r in rows):
+        raise RuntimeError(f"{run_dir}: {M.WALL_SECONDS}, {M.ENV_STEPS} and {M.LEARNER_SAMPLES} are logged at "
+                           f"different versions")
+    out = steady_rates(*(r["value"] for r in rows))
     for key, name in ((M.INFERENCE_BATCH, "inference_batch"), (M.INFERENCE_MS, "inference_ms"),
                       (M.STALENESS_MEAN, "staleness_mean")):
         values = m[key]["value"]
         out[name] = float(values[len(values) // 3:].mean())
-    out["versions"] = int(wall["version"][-1])
+    out["versions"] = int(rows[0]["version"][-1])
     return out
 
 
@@ -104,7 +107,7 @@ def run_job(runs: Path, name: str, overrides: list[str], seconds: float) -> dict
     summary = json.loads((runs / name / "summary.json").read_text())
     return {"name": name, "env_ranks": config.topology.env, "learners": config.topology.learner,
             "lstm_size": config.model.lstm_size, "precision": config.ppo.precision, "devices": summary["devices"],
-            **_figures(runs / name, work(config)["samples_per_update"]),
+            **_figures(runs / name),
             "job_seconds": time.monotonic() - started}
 
 
@@ -164,7 +167,8 @@ def model(args, runs: Path) -> dict:
 
     device = torch.device(args.gpu_device)
     base = pipeline_config([f"runs_dir={runs}", "run_name=model"])  # the default job's PPO and model settings
-    config = TrainConfig(runs_dir=str(runs), run_name="model-batch", env=EnvConfig(num_envs=args.model_batch),
+    config = TrainConfig(runs_dir=str(runs), run_name="model-batch",
+                         env=EnvConfig(num_envs=args.model_batch, vs_scripted_fraction=0.0),
                          model=base.model, ppo=base.ppo, pipeline=PipelineConfig(segment_len=64))
     runner = SerialRunner(config)
     batch = runner.collect()  # real observations; the stored LSTM states are replaced by zeros of each size

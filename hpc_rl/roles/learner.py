@@ -278,6 +278,7 @@ class LearnerWorker:
                 M.STALENESS_MEAN: global_stale[-4] / max(global_stale[-3], 1.0),
                 M.REUSE: consumed_after / max(control["produced"], 1.0),
                 M.REJECTED_SEGMENTS: control["rejected"],
+                M.LEARNER_SAMPLES: consumed_after / epochs,
                 M.LEARNER_SAMPLES_PER_S: (consumed_after / epochs) / max(time.monotonic() - self.started, 1e-9),
                 M.BUFFER_SEGMENTS: float(len(self.store)),
                 # fraction of ring slots READY (put, not yet taken), over every learner's polls since the last update
