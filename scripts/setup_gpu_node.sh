@@ -63,7 +63,7 @@ for m in mpi4py.MPI h5py hydra omegaconf submitit hydra_plugins.hydra_submitit_l
   "$PYTHON" -c "import $m" 2>/dev/null || missing+=("$m")
 done
 [ ${#missing[@]} -eq 0 ] || fail "these modules do not import: ${missing[*]} (run $PYTHON -c 'import ${missing[0]}' to see why)"
-mpi_library=$("$PYTHON" -c "from mpi4py import MPI; print(MPI.Get_library_version().split(",")[0].strip("\0 \n"))")
+mpi_library=$("$PYTHON" -c "from mpi4py import MPI; print(MPI.Get_library_version().split(',')[0].strip(chr(0) + ' '))")
 case "$mpi_library" in
   "Open MPI v5"*) ;;
   *) fail "mpi4py loaded '$mpi_library', not the Open MPI 5 of $PREFIX/lib" ;;
