@@ -46,7 +46,8 @@ def cuda(absent):
 
 
 def _runner(runs_dir: Path) -> SerialRunner:
-    """A serial MOBA runner on the CPU: real observations (entities, masks) and segments with stored LSTM states."""
+    """A serial MOBA runner: real observations (entities, masks) and segments with stored LSTM states. Its roles
+    take the GPU (pipeline.*_device=auto), as the serial runner does on a GPU machine."""
     return SerialRunner(TrainConfig(runs_dir=str(runs_dir), env=EnvConfig(num_envs=4), model=MODEL, ppo=PPO,
                                     pipeline=PipelineConfig(segment_len=32, segments_per_batch=1)))
 
@@ -78,7 +79,7 @@ def test_inference_on_cuda_matches_the_cpu(tmp_path, cuda):
     the GPU side fed through pinned memory as inference ranks feed it."""
     runner = _runner(tmp_path)
     env = runner.config.env.make(num_envs=4)
-    cpu_policy = runner.policy.eval()
+    cpu_policy = copy.deepcopy(runner.policy).cpu().eval()
     gpu_policy = copy.deepcopy(cpu_policy).to(cuda)
     n = 4 * env.spec.num_agents
     hero = torch.from_numpy(hero_indices(env.spec)).repeat(4)

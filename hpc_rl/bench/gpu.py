@@ -38,10 +38,10 @@ import numpy as np
 
 from hpc_rl import metric_names as M
 from hpc_rl.bench.e2e import pipeline_config
-from hpc_rl.launch import mpirun_command, rank_env
+from hpc_rl.launch import mpirun_command, rank_env, set_torch_threads
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("devices", "model", "scaling")
+PARTS = ("devices", "model", "scaling", "inference")
 HOK_SAMPLES_PER_GPU = 80_000  # Honor of Kings 1v1 (Ye et al. 2020, 5.1): training samples per second per P40
 
 
@@ -57,6 +57,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed updates per model point; the fastest counts")
     parser.add_argument("--gpu-device", default="cuda", help="the device of the GPU side (cpu: try the benchmark on a "
                                                               "machine without a GPU)")
+    parser.add_argument("--jobs", nargs="+", default=None, help="the devices part's jobs to run (default: all)")
+    parser.add_argument("--inference-copies", type=int, nargs="+", default=[8, 64, 512],
+                        help="MOBA copies (2 agents each) per forward pass in the inference part")
     parser.add_argument("--progress", type=Path, default=None,
                         help="append one JSON line per finished configuration to this file (kept if the bench is "
                              "stopped before its end)")
@@ -67,8 +70,8 @@ def steady_rates(wall: np.ndarray, env_steps: np.ndarray, learner_samples: np.nd
     """Rates over the last two thirds of a job: from the first version logged at or after a third of the job's last
     wall time to the last version. ``wall`` (controller seconds since the start), ``env_steps`` (copy-steps of all env
     ranks so far) and ``learner_samples`` (trained samples consumed so far) are metrics.h5's per-version rows."""
-    if len(wall) < 3:
-        raise ValueError(f"{len(wall)} versions are too few for a steady-state rate (need >= 3): run longer")
+    if len(wall) < 2:
+        raise ValueError(f"{len(wall)} versions are too few for a steady-state rate (need >= 2): run longer")
     first = min(int(np.searchsorted(wall, wall[-1] / 3)), len(wall) - 2)
     seconds = float(wall[-1] - wall[first])
     return {"env_steps_per_s": float(env_steps[-1] - env_steps[first]) / seconds,
@@ -122,17 +125,26 @@ def devices(args, runs: Path) -> dict:
     topology = [f"topology.env={args.env_ranks}", "topology.inference=1", f"topology.learner={args.learners}"]
     cpu = ["pipeline.inference_device=cpu", "pipeline.learner_device=cpu"]
     gpu = [f"pipeline.inference_device={args.gpu_device}", f"pipeline.learner_device={args.gpu_device}"]
+    large = f"model.lstm_size={args.large_lstm}"
     jobs = {"cpu": cpu, "gpu": gpu, "gpu_bf16": [*gpu, "ppo.precision=bfloat16"],
-            f"gpu_lstm{args.large_lstm}": [*gpu, f"model.lstm_size={args.large_lstm}"]}
+            f"cpu_lstm{args.large_lstm}": [*cpu, large], f"gpu_lstm{args.large_lstm}": [*gpu, large]}
+    unknown = sorted(set(args.jobs or ()) - set(jobs))
+    if unknown:
+        raise ValueError(f"unknown jobs {unknown}; the devices part runs {sorted(jobs)}")
     rows = {}
     for name, overrides in jobs.items():
+        if args.jobs and name not in args.jobs:
+            continue
         rows[name] = run_job(runs, name, [*topology, *overrides], args.seconds)
         _record(args.progress, "devices", rows[name])
-    return {"jobs": rows,
-            "gpu_vs_cpu_learner_samples": rows["gpu"]["learner_samples_per_s"] / rows["cpu"]["learner_samples_per_s"],
-            "gpu_vs_cpu_env_steps": rows["gpu"]["env_steps_per_s"] / rows["cpu"]["env_steps_per_s"],
-            "bf16_vs_fp32_learner_samples": rows["gpu_bf16"]["learner_samples_per_s"]
-            / rows["gpu"]["learner_samples_per_s"]}
+    out: dict = {"jobs": rows}
+    pairs = {"gpu_vs_cpu": ("gpu", "cpu"), "bf16_vs_fp32": ("gpu_bf16", "gpu"),
+             f"gpu_vs_cpu_lstm{args.large_lstm}": (f"gpu_lstm{args.large_lstm}", f"cpu_lstm{args.large_lstm}")}
+    for label, (a, b) in pairs.items():  # ratios within this run, of the jobs it ran
+        if a in rows and b in rows:
+            for key in ("learner_samples_per_s", "env_steps_per_s"):
+                out[f"{label}_{key.removesuffix('_per_s')}"] = rows[a][key] / rows[b][key]
+    return out
 
 
 def efficiency(ranks: list[int], rates: list[float]) -> list[float]:
@@ -199,9 +211,50 @@ def model(args, runs: Path) -> dict:
     return {"device": name, "honor_of_kings_samples_per_gpu": HOK_SAMPLES_PER_GPU, "rows": rows}
 
 
+def inference(args, runs: Path) -> dict:
+    """One inference step (observations to the device, ``act``, actions back) of the default model and of an LSTM of
+    ``--large-lstm`` units, per batch size: on one CPU thread, and on the GPU with pinned and with pageable copies."""
+    import dataclasses
+
+    import torch
+
+    from hpc_rl.model.device import to_device
+    from hpc_rl.model.policy import Policy, act, hero_indices
+
+    base = pipeline_config([f"runs_dir={runs}", "run_name=inference"])
+    variants = [("cpu", True)] + [(args.gpu_device, pin) for pin in (True, False)]
+    rows = []
+    for copies in args.inference_copies:
+        env = dataclasses.replace(base.env, num_envs=copies).make(num_envs=copies)
+        n = copies * env.spec.num_agents
+        flat = {k: v.reshape(n, *v.shape[2:]) for k, v in env.reset(seed=0).items()}
+        for size in (base.model.lstm_size, args.large_lstm):
+            torch.manual_seed(0)
+            model = Policy(env.spec, dataclasses.replace(base.model, lstm_size=size)).eval()
+            for name, pin in variants:
+                device = torch.device(name)
+                policy = model.to(device)
+                hero = torch.from_numpy(np.tile(hero_indices(env.spec), copies)).to(device)
+                starts = torch.zeros(n, dtype=torch.bool, device=device)
+                state = policy.initial_state(n, device)
+                times = []
+                for i in range(23):  # the first 3 warm up (cuDNN's choices, the caching allocators)
+                    t0 = time.perf_counter()
+                    step = act(policy, to_device(flat, device, pin), hero, starts, state)
+                    {k: v.cpu().numpy() for k, v in step.actions.items()}
+                    if i >= 3:
+                        times.append(time.perf_counter() - t0)
+                row = {"copies": copies, "batch": n, "lstm_size": size, "device": name, "pinned": pin and
+                       device.type == "cuda", "step_ms": 1e3 * float(np.median(times))}
+                rows.append(row)
+                _record(args.progress, "inference", row)
+    return {"rows": rows}
+
+
 def run(args) -> dict:
     import torch
 
+    set_torch_threads()  # as every rank runs: the CPU figures are one core's
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
@@ -213,5 +266,6 @@ def run(args) -> dict:
     out: dict = {"gpu": gpu, "seconds_per_job": args.seconds}
     with tempfile.TemporaryDirectory() as tmp:
         for part in parts:
-            out[part] = {"devices": devices, "scaling": scaling, "model": model}[part](args, Path(tmp))
+            out[part] = {"devices": devices, "scaling": scaling, "model": model, "inference": inference}[part](
+                args, Path(tmp))
     return out

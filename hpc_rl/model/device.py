@@ -19,12 +19,13 @@ def select_device(prefer: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device(prefer)
 
 
-def to_device(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
-    """Numpy arrays to tensors on ``device``; through pinned memory and asynchronous copies when it is a GPU."""
+def to_device(arrays: dict[str, np.ndarray], device: torch.device, pin: bool = True) -> dict[str, torch.Tensor]:
+    """Numpy arrays to tensors on ``device``; to a GPU through pinned memory and asynchronous copies (``pin``), or
+    plain copies from pageable memory (``pin=False``; ``python -m hpc_rl.bench gpu --parts inference`` times both)."""
     out = {}
     for key, value in arrays.items():
         tensor = torch.from_numpy(np.ascontiguousarray(value))
         if device.type == "cuda":
-            tensor = tensor.pin_memory().to(device, non_blocking=True)
+            tensor = tensor.pin_memory().to(device, non_blocking=True) if pin else tensor.to(device)
         out[key] = tensor
     return out
