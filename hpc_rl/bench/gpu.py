@@ -58,6 +58,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gpu-device", default="cuda", help="the device of the GPU side (cpu: try the benchmark on a "
                                                               "machine without a GPU)")
     parser.add_argument("--jobs", nargs="+", default=None, help="the devices part's jobs to run (default: all)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="config overrides for every job (after the part's own), e.g. pipeline.async_actions=true")
     parser.add_argument("--inference-copies", type=int, nargs="+", default=[8, 64, 512],
                         help="MOBA copies (2 agents each) per forward pass in the inference part")
     parser.add_argument("--progress", type=Path, default=None,
@@ -96,11 +98,12 @@ def _figures(run_dir: Path) -> dict:
     return out
 
 
-def run_job(runs: Path, name: str, overrides: list[str], seconds: float) -> dict:
-    """jobs/train.py with ``overrides`` for ``seconds``; its figures, config and where its ranks ran."""
+def run_job(runs: Path, name: str, overrides: list[str], seconds: float, extra: list[str]) -> dict:
+    """jobs/train.py with ``overrides`` then ``extra`` for ``seconds``; its figures, config and where its ranks
+    ran."""
     overrides = [f"run_name={name}", f"runs_dir={runs}", "pipeline.max_versions=1000000",
                  f"pipeline.max_seconds={seconds}", "pipeline.final_eval_games=0", "pipeline.allreduce=mpi",
-                 *overrides]
+                 *overrides, *extra]
     config = pipeline_config(overrides)
     cmd = mpirun_command(config.topology.world_size, [str(ROOT / "jobs/train.py"), *overrides])
     started = time.monotonic()
@@ -108,7 +111,8 @@ def run_job(runs: Path, name: str, overrides: list[str], seconds: float) -> dict
     if out.returncode != 0:
         raise RuntimeError(f"job {name} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     summary = json.loads((runs / name / "summary.json").read_text())
-    return {"name": name, "env_ranks": config.topology.env, "learners": config.topology.learner,
+    return {"name": name, "env_ranks": config.topology.env, "inference_ranks": config.topology.inference,
+            "learners": config.topology.learner, "set": extra,
             "lstm_size": config.model.lstm_size, "precision": config.ppo.precision, "devices": summary["devices"],
             **_figures(runs / name),
             "job_seconds": time.monotonic() - started}
@@ -135,7 +139,7 @@ def devices(args, runs: Path) -> dict:
     for name, overrides in jobs.items():
         if args.jobs and name not in args.jobs:
             continue
-        rows[name] = run_job(runs, name, [*topology, *overrides], args.seconds)
+        rows[name] = run_job(runs, name, [*topology, *overrides], args.seconds, args.set)
         _record(args.progress, "devices", rows[name])
     out: dict = {"jobs": rows}
     pairs = {"gpu_vs_cpu": ("gpu", "cpu"), "bf16_vs_fp32": ("gpu_bf16", "gpu"),
@@ -157,7 +161,7 @@ def scaling(args, runs: Path) -> dict:
     for n in args.scaling:
         overrides = [f"topology.env={n}", "topology.inference=1", f"topology.learner={args.learners}",
                      f"pipeline.inference_device={args.gpu_device}", f"pipeline.learner_device={args.gpu_device}"]
-        rows.append(run_job(runs, f"scale{n}", overrides, args.seconds))
+        rows.append(run_job(runs, f"scale{n}", overrides, args.seconds, args.set))
         _record(args.progress, "scaling", rows[-1])
     ranks = [r["env_ranks"] for r in rows]
     return {"points": rows,
