@@ -6,11 +6,12 @@ import dataclasses
 from argparse import Namespace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from hpc_rl.algo.config import PPOConfig
-from hpc_rl.bench import REPORT_SEEDS, TUNING_SEEDS, e2e, learning, seed_report
+from hpc_rl.bench import REPORT_SEEDS, TUNING_SEEDS, e2e, gpu, learning, seed_report
 from hpc_rl.config import EnvConfig, LeagueConfig, PipelineConfig, TrainConfig
 from hpc_rl.topology import TopologyConfig
 
@@ -99,3 +100,48 @@ def test_learning_bench_runs_both_systems_and_counts_a_missed_budget_as_unsolved
         assert figures["median_steps"] is None and figures["median_seconds"] is None
         assert figures["per_seed_steps"] == [None] and figures["per_seed_final_return"][0] < 475
     assert learning.TASKS.keys() >= {"CartPole-v1", "Acrobot-v1", "MountainCar-v0", "LunarLander-v3"}
+
+
+def test_gpu_bench_rates_are_the_last_two_thirds_of_a_job():
+    """Steady-state rates: from the first version logged at or after a third of the last wall time, against the
+    counters' differences computed by hand; efficiency against linear scaling from the first point."""
+    wall = np.array([4.0, 9.0, 12.0, 15.0, 21.0, 30.0])
+    env_steps = np.array([100.0, 900.0, 1500.0, 2100.0, 3300.0, 5100.0])
+    samples = np.array([0.0, 1000.0, 2000.0, 3000.0, 5000.0, 8000.0])
+    rates = gpu.steady_rates(wall, env_steps, samples)  # a third of 30 s is 10 s: the window starts at 12 s
+    assert rates == {"env_steps_per_s": (5100 - 1500) / 18, "learner_samples_per_s": (8000 - 2000) / 18,
+                     "window_versions": 3, "window_seconds": 18.0}
+    assert gpu.steady_rates(wall[:2], env_steps[:2], samples[:2])["window_seconds"] == 5.0
+    with pytest.raises(ValueError, match="too few"):
+        gpu.steady_rates(wall[:1], env_steps[:1], samples[:1])
+    assert gpu.efficiency([1, 2, 4], [100.0, 150.0, 400.0]) == [1.0, 0.75, 1.0]
+
+
+def test_gpu_analysis_writes_the_tables_and_the_scaling_plot(tmp_path):
+    """analysis/gpu.py on benchmark rows (one per configuration, as --progress appends them)."""
+    import json
+    import subprocess
+    import sys
+
+    def job(name, env_ranks, env_rate, sets=()):
+        return {"part": "scaling", "name": name, "env_ranks": env_ranks, "inference_ranks": 1, "learners": 2,
+                "set": list(sets), "lstm_size": 128, "precision": "float32",
+                "devices": {"inference": ["cuda:0"], "learner": ["cuda:0", "cuda:0"]}, "env_steps_per_s": env_rate,
+                "learner_samples_per_s": 2 * env_rate, "inference_batch": 16.0 * env_ranks, "inference_ms": 5.0}
+
+    rows = [job("scale1", 1, 1000.0), job("scale4", 4, 3000.0), job("scale4", 4, 3500.0, ["topology.inference=2"]),
+            {"part": "model", "lstm_size": 1024, "precision": "float32", "parameters": 10, "batch_samples": 4096,
+             "samples_per_s": 160000.0, "vs_honor_of_kings": 2.0}]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, str(ROOT / "analysis/gpu.py"), str(path), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "out/gpu_scaling.png").stat().st_size > 0
+    scaling = (tmp_path / "out/gpu_scaling.md").read_text()
+    assert "| 0.75 " in scaling and "topology.inference=2" in scaling  # 3000 / (1000 x 4)
+    assert "| 160000 " in (tmp_path / "out/gpu_model.md").read_text()
+    path.write_text("not json\n")
+    bad = subprocess.run([sys.executable, str(ROOT / "analysis/gpu.py"), str(path), "--out", str(tmp_path / "o2")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and "rows.jsonl:1 is not a JSON row" in bad.stderr
