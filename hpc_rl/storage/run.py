@@ -60,8 +60,8 @@ class Run:
         return read_metrics(self.layout.metrics)
 
     def metrics_frame(self):
-        """Every value of ``metrics.h5`` as a pandas DataFrame in long form, one row per logged value, ordered by
-        name then version. Columns: ``name`` (the series), ``version`` (the policy version it belongs to), ``step``
+        """Every value of ``metrics.h5`` as a pandas DataFrame in long form, one row per logged value, series by
+        series (in the order they were first logged), each in version order. Columns: ``name`` (the series), ``version`` (the policy version it belongs to), ``step``
         (env steps of the whole run when it was logged; 0 for a version the offline tournament rated without the
         training having logged it), ``wall_time`` (Unix seconds; ``pd.to_datetime(df.wall_time, unit="s")`` for
         dates), ``value`` (float64, NaN where a version had nothing to measure) and ``source`` (empty for what the
@@ -120,7 +120,8 @@ class Run:
 
     @property
     def pool(self) -> dict[str, Any] | None:
-        """The opponent pool: {"version": [...], "quality": [...], **attributes}, or None without a pool file."""
+        """The opponent pool: {"version": [...], "quality": [...], **settings (eta, latest_fraction)}, or None
+        without a pool file."""
         got = read_pool(self.layout.pool)
         return None if got is None else {"version": got[0], "quality": got[1], **got[2]}
 
