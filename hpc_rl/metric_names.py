@@ -64,3 +64,9 @@ POLICY = "policy"  # the player name of a rated version; the others are referenc
 
 def rating(family: str, player: str) -> str:
     return f"eval/{family}/{player}"
+
+
+def parse_rating(name: str) -> tuple[str, str] | None:
+    """(family, player) of a rating series ``eval/<family>/<player>``, or None for any other name."""
+    parts = name.split("/")
+    return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "eval" else None

@@ -137,7 +137,7 @@ def test_the_digest_header_must_be_exactly_as_written():
     header = good[:HEADER_BYTES]
     assert verify_digest(header.replace(b"size 1024", b"size 01024")[:HEADER_BYTES] + payload) == (
         "damaged digest header (not as written)")
-    assert verify_digest(header.replace(b"checkpoint 2", b"checkpoint 3") + payload).startswith("format 3")
+    assert verify_digest(header.replace(b"checkpoint 2", b"checkpoint 1") + payload).startswith("format 1 in a digest")
     assert verify_digest(header[:-1] + b"x" + payload).startswith("damaged digest header")  # the NUL padding too
 
 
@@ -158,6 +158,15 @@ def test_a_checkpoint_written_before_digests_still_loads_and_the_log_says_it_is_
     path = commit_checkpoint(tmp_path / "new", 1, _sections(1), "cfg")
     path.write_bytes(path.read_bytes()[HEADER_BYTES:])
     with pytest.raises(CheckpointError, match="format 2 in a file laid out as format 1"):
+        load_checkpoint(path)
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_naming_both_formats(tmp_path):
+    path = commit_checkpoint(tmp_path, 1, _sections(1), "cfg")
+    data = path.read_bytes()
+    path.write_bytes(data[:HEADER_BYTES].replace(b"checkpoint 2", b"checkpoint 3") + data[HEADER_BYTES:])
+    with pytest.raises(CheckpointError, match=r"checkpoint format 3, newer than this version of hpc_rl reads "
+                                              r"\(format 2 at most\)"):
         load_checkpoint(path)
 
 

@@ -27,7 +27,14 @@ def test_vs_scripted_trains_evaluates_and_reloads_to_the_same_result(tmp_path):
     assert final["games"] == 6 and final["wins"] + final["draws"] + final["losses"] == 6
     assert report["bot_hash"] == final["bot_hash"] == scripted_bot_hash()
     assert report["train_cpu_seconds"] > 0 and report["env_steps"] >= report["version"] * 4 * 64
-    assert open_run(tmp_path / "tiny").checkpoint_versions[-1] == report["version"]
+    run = open_run(tmp_path / "tiny")
+    assert run.checkpoint_versions[-1] == report["version"]
+    evaluations = run.evaluations_frame().set_index("source")  # the report's two evaluations as a table
+    for source, result in (("vs_scripted", final), ("vs_scripted/reloaded", report["reloaded"])):
+        row = evaluations.loc[source]
+        assert (row.version, row.games, row.wins, row.draws) == (report["version"], 6, result["wins"],
+                                                                 result["draws"])
+        assert [row.ci95_low, row.ci95_high] == result["win_rate_ci95"]
     assert "wins against the scripted bot" in out.stdout
 
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

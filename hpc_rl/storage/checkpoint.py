@@ -18,7 +18,8 @@ The digest lives in the file itself rather than beside it or in ``latest``: a co
 keeps its digest, no second file can go missing or disagree, and every version (not only the one ``latest``
 names) can be verified, as the evaluator, the opponent pool and the fallback need. A file without the header (it
 starts with HDF5's signature) predates digests (format 1): it still loads, so that runs written before digests
-resume, but its bytes cannot be checked before HDF5 parses them, and the load says so in the log.
+resume, but its bytes cannot be checked before HDF5 parses them, and the load says so in the log. A header naming
+a format newer than ``FORMAT`` is refused with both versions named. docs/FORMAT.md specifies the file.
 
 A commit builds the file in memory, writes it to a temporary file, flushes and fsyncs it, ``os.replace``s it to its
 name, fsyncs the directory, then replaces ``latest`` (a text file naming the checkpoint) the same way. A crash at
@@ -44,7 +45,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from hpc_rl.storage.hdf5 import fsync_path, hdf5_image, write_new_file
+from hpc_rl.storage.hdf5 import fsync_path, hdf5_image, newer_format, write_new_file
 from hpc_rl.storage.tree import read_tree, write_tree
 
 FORMAT = 2  # 2: the digest header in the user block; 1 had none
@@ -118,8 +119,10 @@ def verify_digest(data: bytes) -> str | None:
     header = _HEADER.fullmatch(data[:HEADER_BYTES])
     if header is None:
         return f"damaged digest header (the first {HEADER_BYTES} bytes are not a checkpoint's header)"
-    if int(header[1]) != FORMAT:
-        return f"format {int(header[1])}, this version reads format {FORMAT}"
+    if int(header[1]) > FORMAT:
+        return newer_format("checkpoint", int(header[1]), FORMAT)
+    if int(header[1]) != FORMAT:  # format 1 has no header
+        return f"format {int(header[1])} in a digest header, which only format {FORMAT} has"
     payload = memoryview(data)[HEADER_BYTES:]
     if int(header[2]) != len(payload):
         return f"{len(payload)} bytes after the header, the digest covers {int(header[2])} (truncated or extended)"

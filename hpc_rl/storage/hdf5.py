@@ -4,6 +4,11 @@ them whole.
     with open_h5(path, "r", libver="latest", swmr=True) as f: ...
     write_new_file(tmp, (hdf5_image(fill),)); replace_durably(tmp, path)
     write_json_durably(path, content)                  # a JSON file of the run (ratings.json, summary.json), whole
+    check_format(path, "metrics", f.attrs.get(FORMAT_ATTR), newest=2)   # refuse a file newer than this code
+
+Every HDF5 file of a run carries its layout's version in the root attribute ``format`` (docs/FORMAT.md). A reader
+reads every format up to its own and refuses a newer one with ``FormatError``, naming both versions: guessing at a
+layout it does not know could misread a run, and writing over it would lose what a newer version wrote.
 
 HDF5 locks a file with ``flock`` while it opens it (and for as long as a writer outside SWMR mode holds it): an
 open that meets another process's lock fails at once with ``BlockingIOError`` ("unable to lock file", errno 11).
@@ -29,6 +34,30 @@ from pathlib import Path
 import h5py
 
 LOCK_TIMEOUT_S = 30.0
+
+
+FORMAT_ATTR = "format"
+
+
+class FormatError(Exception):
+    """A file written in a newer format than this code reads. Not an OSError or ValueError: no caller may take
+    it for a damaged file and set it aside or rewrite it."""
+
+
+def check_format(path: str | Path, kind: str, found, newest: int) -> int | None:
+    """The format a file's ``format`` attribute names (None: the attribute is missing, the file predates
+    versioning); FormatError when it is newer than ``newest``, the newest format of ``kind`` this code reads."""
+    if found is None:
+        return None
+    if int(found) > newest:
+        raise FormatError(f"{path}: {newer_format(kind, int(found), newest)}")
+    return int(found)
+
+
+def newer_format(kind: str, found: int, newest: int) -> str:
+    """Why a file of format ``found`` is refused by code that reads ``kind`` up to format ``newest``."""
+    return (f"{kind} format {found}, newer than this version of hpc_rl reads (format {newest} at most); read it "
+            "with the version that wrote it or a later one")
 
 
 class FileBusyError(RuntimeError):

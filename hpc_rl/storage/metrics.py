@@ -9,7 +9,11 @@ create a dataset in SWMR mode, and reopening the file outside it collides with r
 A name seen for the first time is appended to ``names`` before any row naming it is appended to ``rows``, so a
 reader that reads ``rows`` first and ``names`` second knows every id it meets. ``read_metrics`` returns each
 series as a structured array of ``ROW``. ``source`` is empty for what a run logs; the offline tournament marks its
-series (``hpc_rl.league.tournament``). Files of the earlier layout (one dataset per name) are still read.
+series (``hpc_rl.league.tournament``).
+
+The root attribute ``format`` is ``FORMAT``: 2 is this layout; 1 was one dataset per name below ``/metrics``. Files
+written before the attribute existed (format 1 or 2, told apart by their datasets) are still read; a newer format
+is refused (``hdf5.check_format``). docs/FORMAT.md specifies the file.
 
 Starting a writer on an existing file rewrites it (a temporary file, then ``os.replace``): on resume the rows past
 the resumed version are cut, so every series stays continuous in the version. A file a crashed writer left in SWMR
@@ -29,8 +33,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpc_rl.storage.hdf5 import hdf5_image, open_h5, replace_durably, write_new_file
+from hpc_rl.storage.hdf5 import FORMAT_ATTR, check_format, hdf5_image, open_h5, replace_durably, write_new_file
 
+FORMAT = 2  # 2: the names and rows tables; 1: one dataset per name (read, never written)
 ROW = np.dtype([("version", "<i8"), ("step", "<i8"), ("wall_time", "<f8"), ("value", "<f8")])
 TABLE_ROW = np.dtype([("name", "<i4"), *ROW.descr])
 NAME_BYTES = 128
@@ -86,6 +91,7 @@ def _check_name(name: str) -> None:
 
 
 def _read_open(f: h5py.File) -> MetricsTable:
+    check_format(f.filename, "metrics.h5", f.attrs.get(FORMAT_ATTR), FORMAT)
     table = MetricsTable(attrs=dict(f[GROUP].attrs) if GROUP in f else {})
     if GROUP not in f:
         return table
@@ -141,6 +147,7 @@ def write_table(path: str | Path, table: MetricsTable) -> None:
         at += len(s)
 
     def fill(f: h5py.File) -> None:
+        f.attrs[FORMAT_ATTR] = FORMAT
         group = f.create_group(GROUP)
         for key, value in table.attrs.items():
             group.attrs[key] = value

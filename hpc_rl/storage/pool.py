@@ -4,7 +4,9 @@
     versions, qualities, attrs = read_pool(run_dir / "pool.h5")
 
 A past version's parameters are its checkpoint file (``checkpoints/v<version>.h5``), named in the file beside the
-version so that the pool can be read without knowing the naming scheme.
+version so that the pool can be read without knowing the naming scheme. The root attribute ``format`` is
+``FORMAT``; a file without it (written before the attribute existed) has the same layout and is read, a newer format
+is refused (``hdf5.check_format``). docs/FORMAT.md specifies the file.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import h5py
 import numpy as np
 
 from hpc_rl.storage.checkpoint import checkpoint_name
-from hpc_rl.storage.hdf5 import hdf5_image, open_h5, replace_durably, write_new_file
+from hpc_rl.storage.hdf5 import FORMAT_ATTR, check_format, hdf5_image, open_h5, replace_durably, write_new_file
+
+FORMAT = 1  # versions, qualities and checkpoint names; the settings in attributes
 
 
 def write_pool(path: str | Path, versions: list[int], qualities: list[float], **attrs) -> None:
@@ -25,12 +29,15 @@ def write_pool(path: str | Path, versions: list[int], qualities: list[float], **
     path = Path(path)
     if len(versions) != len(qualities):
         raise ValueError(f"{len(versions)} versions and {len(qualities)} qualities")
+    if FORMAT_ATTR in attrs:
+        raise ValueError(f"the attribute {FORMAT_ATTR!r} is the file's format, not a setting of the pool")
 
     def fill(f: h5py.File) -> None:
         f.create_dataset("version", data=np.asarray(versions, np.int64), fletcher32=True)
         f.create_dataset("quality", data=np.asarray(qualities, np.float64), fletcher32=True)
         f.create_dataset("checkpoint", data=np.asarray([checkpoint_name(v) for v in versions], dtype=object),
                          dtype=h5py.string_dtype())
+        f.attrs[FORMAT_ATTR] = FORMAT
         for key, value in attrs.items():
             f.attrs[key] = value
 
@@ -43,9 +50,11 @@ def write_pool(path: str | Path, versions: list[int], qualities: list[float], **
 
 
 def read_pool(path: str | Path) -> tuple[list[int], list[float], dict] | None:
-    """(versions, qualities, attributes) of a pool file, or None when there is none."""
+    """(versions, qualities, the pool's settings) of a pool file, or None when there is none."""
     path = Path(path)
     if not path.is_file():
         return None
     with open_h5(path, "r") as f:
-        return ([int(v) for v in f["version"][()]], [float(q) for q in f["quality"][()]], dict(f.attrs))
+        check_format(path, "pool.h5", f.attrs.get(FORMAT_ATTR), FORMAT)
+        settings = {k: v for k, v in f.attrs.items() if k != FORMAT_ATTR}
+        return [int(v) for v in f["version"][()]], [float(q) for q in f["quality"][()]], settings

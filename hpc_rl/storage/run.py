@@ -5,6 +5,14 @@
     run.metrics["train/policy_loss"]     # structured array (version, step, wall_time, value)
     run.checkpoint_versions              # committed versions, ascending
     run.load_checkpoint()                # the verified latest one (falls back past corrupt files)
+    run.metrics_frame()                  # pandas: every metric in long form, one row per logged value
+    run.ratings_frame()                  # pandas: the eval/<family>/<player> ratings, one row per value
+    run.evaluations_frame()              # pandas: the evaluations of summary.json and of the jobs' reports
+
+Nothing here needs the run where it was written: every file is found relative to ``path`` (the absolute paths
+``summary.json`` lists are for the reader of the job's output, and are never read back), and every read is safe
+while the controller still writes the run (metrics.h5 is read in SWMR mode, every other file is replaced whole).
+pandas is imported by the ``*_frame`` methods only. docs/FORMAT.md specifies every file.
 """
 
 from __future__ import annotations
@@ -20,11 +28,12 @@ from typing import Any
 
 import yaml
 
+from hpc_rl import metric_names as M
 from hpc_rl.slurm import slurm_environment
 from hpc_rl.storage.checkpoint import Checkpoint, checkpoint_name, committed_versions, load_checkpoint, load_latest
 from hpc_rl.storage.hdf5 import write_json_durably
 from hpc_rl.storage.layout import RunLayout
-from hpc_rl.storage.metrics import read_metrics
+from hpc_rl.storage.metrics import ROW, read_metrics, read_table
 from hpc_rl.storage.pool import read_pool
 
 
@@ -50,9 +59,69 @@ class Run:
     def metrics(self) -> dict[str, Any]:
         return read_metrics(self.layout.metrics)
 
+    def metrics_frame(self):
+        """Every value of ``metrics.h5`` as a pandas DataFrame in long form, one row per logged value, series by
+        series (in the order they were first logged), each in version order. Columns: ``name`` (the series), ``version`` (the policy version it belongs to), ``step``
+        (env steps of the whole run when it was logged; 0 for a version the offline tournament rated without the
+        training having logged it), ``wall_time`` (Unix seconds; ``pd.to_datetime(df.wall_time, unit="s")`` for
+        dates), ``value`` (float64, NaN where a version had nothing to measure) and ``source`` (empty for what the
+        run logged, ``jobs/tournament.py`` for the offline tournament's series)."""
+        import pandas as pd
+
+        table = read_table(self.layout.metrics)
+        frames = [pd.DataFrame({"name": name, **{key: series[key] for key in ROW.names},
+                                "source": table.sources.get(name, "")}) for name, series in table.series.items()]
+        columns = ["name", *ROW.names, "source"]
+        return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+    def ratings_frame(self):
+        """The ratings of ``metrics.h5`` (series ``eval/<family>/<player>``: TrueSkill, its sigma, games, win and
+        draw rates against each reference, and the offline tournament's Elo and Nash figures) as a DataFrame with
+        the columns of ``metrics_frame`` plus ``family`` and ``player``; empty when the run was never rated.
+        ``ratings.json`` (the evaluator ranks' TrueSkill table a resume continues) holds the same TrueSkill figures
+        before they are made relative to the random player."""
+        frame = self.metrics_frame()
+        parsed = frame["name"].map(M.parse_rating)
+        frame = frame[parsed.notna()].copy()
+        frame["family"] = parsed[parsed.notna()].map(lambda fp: fp[0])
+        frame["player"] = parsed[parsed.notna()].map(lambda fp: fp[1])
+        return frame.reset_index(drop=True)
+
+    def evaluations_frame(self):
+        """The evaluations of the run's checkpoints, one row each: the final evaluation of ``summary.json`` (source
+        ``summary``) and a ``vs_scripted.json`` report's evaluations of the trained policy and of its reloaded
+        checkpoint (sources ``vs_scripted``, ``vs_scripted/reloaded``). Columns: ``source``, ``version`` and the
+        evaluation's own figures (MOBA: games, wins, draws, win_rate, ci95_low, ci95_high, bot, seed; Gymnasium:
+        episodes, mean_return, std_return); a figure an evaluation does not have is NaN."""
+        import pandas as pd
+
+        rows = []
+        summary = self.summary
+        if summary.get("final_eval"):
+            rows.append(_evaluation_row("summary", summary["version"], summary["final_eval"]))
+        report_path = self.layout.report("vs_scripted")
+        if report_path.is_file():
+            report = json.loads(report_path.read_text())
+            rows.append(_evaluation_row("vs_scripted", report["version"], report["final"]))
+            rows.append(_evaluation_row("vs_scripted/reloaded", report["reloaded_version"], report["reloaded"]))
+        return pd.DataFrame(rows, columns=None if rows else ["source", "version"])
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """``summary.json`` (how the job ended, its final evaluation, its files, the next commands), or {}."""
+        p = self.layout.summary
+        return json.loads(p.read_text()) if p.exists() else {}
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """``status.json`` (how the controller ended), or {} while it runs or when it never ended cleanly."""
+        p = self.layout.status
+        return json.loads(p.read_text()) if p.exists() else {}
+
     @property
     def pool(self) -> dict[str, Any] | None:
-        """The opponent pool: {"version": [...], "quality": [...], **attributes}, or None without a pool file."""
+        """The opponent pool: {"version": [...], "quality": [...], **settings (eta, latest_fraction)}, or None
+        without a pool file."""
         got = read_pool(self.layout.pool)
         return None if got is None else {"version": got[0], "quality": got[1], **got[2]}
 
@@ -65,6 +134,18 @@ class Run:
         if version is None:
             return load_latest(directory)
         return load_checkpoint(directory / checkpoint_name(version))
+
+
+def _evaluation_row(source: str, version: int, result: dict[str, Any]) -> dict[str, Any]:
+    """One row of ``Run.evaluations_frame``: the figures of an evaluation, its interval (``ci95`` in summary.json,
+    ``win_rate_ci95`` in a job's report) split in two columns."""
+    row = {"source": source, "version": version}
+    for key, value in result.items():
+        if key in ("ci95", "win_rate_ci95"):
+            row["ci95_low"], row["ci95_high"] = value
+        elif not isinstance(value, (list, dict)):
+            row[key] = value
+    return row
 
 
 def git_state(repo: str | Path | None = None) -> dict[str, Any]:

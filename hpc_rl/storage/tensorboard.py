@@ -1,7 +1,7 @@
 """TensorBoard event files of a run's metrics, when the optional ``tensorboard`` package is installed.
 
 ``metrics.h5`` is the record; the event files are a view of it for ``tensorboard --logdir runs``. Every row of
-``/metrics/<name>`` becomes a scalar of tag ``<name>`` at TensorBoard step = policy version (the x axis runs are
+series ``<name>`` becomes a scalar of tag ``<name>`` at TensorBoard step = policy version (the x axis runs are
 compared by; the env step count is its own series, ``perf/env_steps``), with the row's wall time. TensorBoard stores
 scalars as float32.
 
