@@ -1,6 +1,7 @@
 """The base install tier (``pip install .``: no MPI, Horovod or Slurm) holds storage, analysis, evaluation, the
 environments, the bots and rendering; scripts/light_tier_check.sh runs the tests marked ``light`` in such an install."""
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +38,12 @@ print(sorted(name for name in sys.modules if name.startswith({NOT_IN_BASE!r})))
     assert done.stdout.splitlines()[-1] == "[]"
     assert len(BASE_SCRIPTS) >= 8  # analysis/ was found
 
+
+
+def test_slurm_launcher_without_the_cluster_tier_names_it(monkeypatch):
+    """Hydra's plugin scan imports the project's launcher in every tier: without hydra-submitit-launcher (the base
+    tier) its error names the tier to install, in the warning Hydra prints."""
+    monkeypatch.setitem(sys.modules, "hydra_plugins.hydra_submitit_launcher", None)  # not installed
+    monkeypatch.delitem(sys.modules, "hydra_plugins.hpc_rl_launcher.checked_launcher", raising=False)
+    with pytest.raises(ImportError, match=r"cluster install tier: pip install '\.\[cluster\]'"):
+        importlib.import_module("hydra_plugins.hpc_rl_launcher.checked_launcher")
