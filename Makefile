@@ -5,13 +5,14 @@ PYTEST_ARGS ?=
 BENCHES ?= env transport learner learning e2e
 export OMP_NUM_THREADS := 1
 
-.PHONY: setup test test-fast train bench reproduce reproduce-1v1 cluster-up cluster-down clean help
+.PHONY: setup test test-fast test-light train bench reproduce reproduce-1v1 cluster-up cluster-down clean help
 
 help:
 	@echo "make setup      install Open MPI, Slurm, munge, the .venv (torch CPU, mpi4py, h5py, hydra, submitit) and Horovod"
 	@echo "make train      setup + a small real training job on the embedded default environment, then its replay.gif"
 	@echo "make test       setup + the test suite (real MPI ranks, real Horovod, the local Slurm cluster)"
 	@echo "make test-fast  the tests not marked slow, slurm or mpi"
+	@echo "make test-light the base install tier (pip install ., no MPI) in a new venv, and its tests there (CI runs it)"
 	@echo "make bench      setup + every benchmark, one JSON line each (BENCHES=\"$(BENCHES)\")"
 	@echo "make reproduce  setup + the staleness and reuse sweeps of OpenAI Five's Figure 5 on the local Slurm, plots in docs/figures"
 	@echo "make reproduce-1v1   setup + MOBA 1v1 (small map) trained 60 CPU-minutes against the scripted bot, then 400 evaluation games"
@@ -25,6 +26,10 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -ra -m "not slow and not slurm and not mpi" $(PYTEST_ARGS) tests
+
+# Needs no `make setup`: it installs the base tier in a temporary venv of its own (scripts/light_tier_check.sh).
+test-light:
+	bash scripts/light_tier_check.sh
 
 # The default local job: 6 ranks (1 controller, 2 env, 1 inference, 2 learners) on MOBA 1v1 for at most 10 minutes,
 # then a replay of its latest checkpoint against the scripted bot in $(RUNS_DIR)/$(RUN)/replay.gif (MOBA runs only: the

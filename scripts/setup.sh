@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make setup: install the whole stack on a fresh Debian 12 machine, idempotently.
 #   1. Debian packages: Open MPI, Slurm, munge, a C++ toolchain and cmake (skipped when installed)
-#   2. .venv with torch (CPU build), mpi4py, h5py, hydra, submitit, pytest and hpc_rl (editable; its C module is
-#      built with mpicc)
+#   2. .venv with torch (CPU build), mpi4py, h5py, hydra, submitit, pytest and hpc_rl (editable, .[dev]: every
+#      install tier; its C module is built with mpicc)
 #   3. Horovod 0.28.1 with the C++17 fix (scripts/build_horovod.sh; the wheel is cached, so a second run is fast)
 #   4. a check that fails loudly if anything is missing
 set -euo pipefail

@@ -20,6 +20,8 @@ from hpc_rl.study import (choose_baseline, default_metric, default_thresholds, f
 from hpc_rl.storage import MetricsWriter
 from hpc_rl.storage.metrics import ROW
 
+pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ("curves", "win_rate", "data_quality", "throughput", "speedup")
 T0 = 1_700_000_000.0  # wall clock of every synthetic run's first row

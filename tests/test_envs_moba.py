@@ -14,6 +14,8 @@ from hpc_rl.envs.moba_config import (A_ATTACK, A_NOOP, EV_DEATH, EV_GOLD, EV_HP,
                                      EV_TOWER_HP, EV_WIN, EV_XP, REWARD_EVENTS, MobaConfig)
 from hpc_rl.envs.scripted import RandomBot
 
+pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
+
 QUIET = dict(creep_wave_period=100_000, randomize_lineup=False, lineup=("marksman", "warrior"),
              random_start_level=0, random_start_gold=0.0)
 

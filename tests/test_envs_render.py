@@ -21,6 +21,8 @@ from hpc_rl.storage.layout import RunLayout
 
 from small_moba import one_torch_thread, small_config, tiny_run  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -16,6 +16,8 @@ from hpc_rl.envs.scripted import (SCRIPTED_SOURCES, SCRIPTED_VERSION, RandomBot,
                                   bot_digest, make_bot, play_games, scripted_bot_hash, warm_up)
 from hpc_rl.play import play, team_agents
 
+pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
+
 ENV_PRESETS = Path(__file__).resolve().parent.parent / "conf" / "env"
 
 

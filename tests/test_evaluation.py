@@ -15,6 +15,8 @@ from hpc_rl.model.policy import Policy, act, hero_indices
 
 from small_moba import one_torch_thread, seeded_policy, small_config  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
+
 
 def test_games_that_reach_the_time_limit_are_draws_and_the_tally_adds_up():
     config = small_config(time_limit=5)

@@ -6,6 +6,8 @@ import pytest
 
 from hpc_rl.envs.gym_adapter import GymVecEnv
 
+pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
+
 
 def test_spec_and_observation_layout():
     env = GymVecEnv("CartPole-v1", 3)

@@ -9,6 +9,8 @@ from hpc_rl.envs.moba import MobaConfig, MobaEnv
 from hpc_rl.envs.scripted import RandomBot, ScriptedBot
 from hpc_rl.play import NOT_FINISHED, play, team_agents
 
+pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
+
 
 def slow_play(env, actors, seed: int) -> list[tuple[int, int, list[float]]]:
     """The first game of every copy as (winner, length, every agent's summed events), written out copy by copy and

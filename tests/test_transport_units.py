@@ -1,5 +1,7 @@
 """The transport's pure parts: byte layouts, FP16 packing, checksums, slot states, configs, the backoff waiter."""
 
+import importlib
+import sys
 import time
 
 import numpy as np
@@ -91,6 +93,16 @@ def test_compiled_ring_state_arithmetic_matches_layout_across_the_wrap():
                 assert _ring.free_for(ticket) == free_for(ticket)
                 for phase in (ready, taken):
                     assert _ring.freed(phase(ticket), slots) == free_for(ticket + slots), (ticket, slots, phase)
+
+
+def test_rma_backend_without_its_compiled_module_names_the_fix(monkeypatch):
+    """Installed where no MPI compiler wrapper was found, hpc_rl has no _ring (setup.py skips it): importing the rma
+    backend then says how to build it."""
+    monkeypatch.setitem(sys.modules, "hpc_rl.transport._ring", None)  # find_spec finds no such module
+    monkeypatch.delitem(sys.modules, "hpc_rl.transport.rma", raising=False)
+    with pytest.raises(ImportError, match=r"_ring, the experience ring's C module, which was not built: no MPI "
+                                          r"compiler wrapper .* pip install '\.\[mpi\]'"):
+        importlib.import_module("hpc_rl.transport.rma")
 
 
 def test_configs_reject_bad_values_naming_the_field():

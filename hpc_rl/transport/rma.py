@@ -9,6 +9,8 @@ call here takes a lock per message.
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 from mpi4py import MPI
 
@@ -18,11 +20,14 @@ from hpc_rl.transport.layout import (ALIGN, PHASE_READY, STATE, STATE_BYTES, TIC
                                      as_bytes, checksum, free_for, ready, state_phase, state_ticket, writing)
 from hpc_rl.transport.wait import TransportError, Waiter
 
-try:
-    from hpc_rl.transport import _ring
-except ImportError as error:  # the one compiled module: built by `make setup` (pip install -e . with mpicc)
-    raise ImportError("hpc_rl.transport._ring, the experience ring's C module, is not built: run `make setup`, "
-                      "or `pip install -e .` with mpicc (or $MPICC) on PATH") from error
+# The one compiled module, built only where hpc_rl was installed with an MPI compiler wrapper on PATH (setup.py). A
+# module that is built but does not load (linked against another MPI's library) raises the loader's own error.
+if importlib.util.find_spec("hpc_rl.transport._ring") is None:
+    raise ImportError("the rma transport backend needs hpc_rl.transport._ring, the experience ring's C module, which "
+                      "was not built: no MPI compiler wrapper was found when hpc_rl was installed. Install or load "
+                      "MPI (Debian: libopenmpi-dev) so that mpicc (or $MPICC) is on PATH, then reinstall: "
+                      "pip install '.[mpi]' (-e for a checkout), or `make setup`")
+from hpc_rl.transport import _ring  # noqa: E402
 
 HEADER_BYTES = ALIGN  # every message slot: one cache line of header words, then the payload
 

@@ -21,9 +21,14 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn
-from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import open_dict
+
+try:
+    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+except ImportError as error:  # the base install tier, where Hydra's plugin scan finds this module too
+    raise ImportError("hydra/launcher=checked_submitit_slurm needs hydra-submitit-launcher and submitit, the cluster "
+                      "install tier: pip install '.[cluster]'") from error
 
 
 @dataclass
