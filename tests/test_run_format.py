@@ -19,6 +19,7 @@ from hpc_rl.storage.metrics import FORMAT as METRICS_FORMAT
 from hpc_rl.storage.pool import FORMAT as POOL_FORMAT
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
 FIXTURE = ROOT / "tests" / "data" / "moba_run_2026_11"
 SCRIPTS = ("curves", "win_rate", "data_quality", "throughput")
 
