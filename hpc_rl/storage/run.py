@@ -37,6 +37,11 @@ from hpc_rl.storage.metrics import ROW, read_metrics, read_table
 from hpc_rl.storage.pool import read_pool
 
 
+def _json_or_empty(path: Path) -> dict[str, Any]:
+    """A run's JSON file, or {} where the run has not written it (yet)."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 @dataclass
 class Run:
     path: Path
@@ -52,8 +57,7 @@ class Run:
 
     @property
     def meta(self) -> dict[str, Any]:
-        p = self.layout.meta
-        return json.loads(p.read_text()) if p.exists() else {}
+        return _json_or_empty(self.layout.meta)
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -109,14 +113,12 @@ class Run:
     @property
     def summary(self) -> dict[str, Any]:
         """``summary.json`` (how the job ended, its final evaluation, its files, the next commands), or {}."""
-        p = self.layout.summary
-        return json.loads(p.read_text()) if p.exists() else {}
+        return _json_or_empty(self.layout.summary)
 
     @property
     def status(self) -> dict[str, Any]:
         """``status.json`` (how the controller ended), or {} while it runs or when it never ended cleanly."""
-        p = self.layout.status
-        return json.loads(p.read_text()) if p.exists() else {}
+        return _json_or_empty(self.layout.status)
 
     @property
     def pool(self) -> dict[str, Any] | None:
