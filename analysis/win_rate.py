@@ -5,7 +5,11 @@
 Each row of eval/win_rate_vs_scripted is the win rate over the games against the scripted bot finished in the last
 ten versions, and eval/games_vs_scripted their number; the interval comes from those two (draws count as losses).
 Consecutive rows share games, so the band shows the uncertainty of each point, not of a difference between
-neighbours. Writes win_rate.png and win_rate.md (per run, --rows evenly spaced versions including the last).
+neighbours. Where games are long and few finish in ten versions (5v5), ``--block N`` pools the games of blocks of N
+versions instead (disjoint ten-version windows summed; N a multiple of ten): each point then counts its own games.
+Writes win_rate.png and win_rate.md (per run, --rows evenly spaced versions including the last).
+
+    python analysis/win_rate.py runs/moba5v5 --block 100 --out plots/
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import sys
 import numpy as np
 
 from hpc_rl.stats import wilson_interval
-from hpc_rl.metric_names import GAMES_VS_SCRIPTED, WIN_RATE_VS_SCRIPTED
+from hpc_rl.metric_names import GAMES_VS_SCRIPTED, WIN_RATE_VS_SCRIPTED, WIN_RATE_WINDOW
 from hpc_rl.study import (VERSION_LABEL, Output, RunData, fmt, load_runs, markdown_table, pyplot,
                           run_script, script_parser)
 
@@ -25,6 +29,9 @@ def parser() -> argparse.ArgumentParser:
     p = script_parser(__doc__)
     p.add_argument("--rows", type=int, default=5, help="versions per run in the table (default 5)")
     p.add_argument("--z", type=float, default=1.96, help="normal quantile of the interval (default 1.96: 95%%)")
+    p.add_argument("--block", type=int, default=0,
+                   help=f"pool the games of blocks of this many versions (a multiple of {WIN_RATE_WINDOW}; default 0: "
+                        f"every version's {WIN_RATE_WINDOW}-version window)")
     return p
 
 
@@ -44,9 +51,26 @@ def win_rate_rows(run: RunData, z: float) -> np.ndarray:
     return np.array(out, dtype=np.float64).reshape(-1, 6)
 
 
+def pooled_rows(rows: np.ndarray, block: int, z: float) -> np.ndarray:
+    """``win_rate_rows`` pooled over blocks of ``block`` versions: the games and wins of the disjoint windows (the rows
+    at multiples of WIN_RATE_WINDOW) summed per block, each block's row at the last of those versions."""
+    if block <= 0 or block % WIN_RATE_WINDOW:
+        raise ValueError(f"--block must be a positive multiple of {WIN_RATE_WINDOW}, got {block}")
+    disjoint = rows[rows[:, 0] % WIN_RATE_WINDOW == 0]
+    out = []
+    for end in np.unique(np.ceil(disjoint[:, 0] / block) * block):
+        inside = disjoint[(disjoint[:, 0] > end - block) & (disjoint[:, 0] <= end)]
+        n, wins = inside[:, 1].sum(), inside[:, 2].sum()
+        low, high = wilson_interval(int(wins), int(n), z)
+        out.append((inside[-1, 0], n, wins, wins / n, low, high))
+    return np.array(out, dtype=np.float64).reshape(-1, 6)
+
+
 def body(args: argparse.Namespace, out: Output) -> None:
     if args.rows < 1:
         raise ValueError(f"--rows must be >= 1, got {args.rows}")
+    if args.block:
+        pooled_rows(np.zeros((0, 6)), args.block, args.z)  # a bad --block is refused before any run is read
     runs = [r for r in load_runs(args.paths) if r.has(WIN_RATE_VS_SCRIPTED) and r.has(GAMES_VS_SCRIPTED)]
     if not runs:
         print(f"note: no run has {WIN_RATE_VS_SCRIPTED} and {GAMES_VS_SCRIPTED} (not MOBA runs?); nothing written")
@@ -56,6 +80,8 @@ def body(args: argparse.Namespace, out: Output) -> None:
     table = []
     for run in runs:
         rows = win_rate_rows(run, args.z)
+        if args.block and len(rows):
+            rows = pooled_rows(rows, args.block, args.z)
         if not len(rows):
             print(f"note: {run.label} finished no game against the scripted bot; left out")
             continue
@@ -70,7 +96,8 @@ def body(args: argparse.Namespace, out: Output) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     out.figure("win_rate.png", fig)
-    out.table("win_rate.md", "win rate vs the scripted bot (games over the last 10 versions)",
+    games = f"games of blocks of {args.block} versions" if args.block else f"games over the last {WIN_RATE_WINDOW} versions"
+    out.table("win_rate.md", f"win rate vs the scripted bot ({games})",
               markdown_table(["run", "version", "games", "wins", "win rate", "ci low", "ci high"], table))
 
 

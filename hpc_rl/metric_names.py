@@ -50,6 +50,7 @@ INFERENCE_PASSES = "perf/inference_passes"  # mean forward passes per step: 1 + 
 INFERENCE_MS = "perf/inference_ms"  # mean time of a step: observations to the device, passes, actions back
 WALL_SECONDS = "perf/wall_seconds"
 WIN_RATE_VS_SCRIPTED = "eval/win_rate_vs_scripted"  # the learning side's games against the bot, last ten versions
+WIN_RATE_WINDOW = 10  # the versions whose finished games each row of the two series above and below counts
 GAMES_VS_SCRIPTED = "eval/games_vs_scripted"
 EPISODE_RETURN = "stats/episode_return"  # Gymnasium: mean return of the episodes of the last ten versions
 POOL_SIZE = "league/pool_size"

@@ -302,6 +302,13 @@ def test_win_rate(dirs, tmp_path):
     assert float(last["ci high"]) == pytest.approx(high, abs=1e-3)
     out = run_script("win_rate", dirs["gym"], "--out", tmp_path / "gym")
     assert "nothing written" in out.stdout and not (tmp_path / "gym" / "win_rate.png").exists()
+    # Blocks of 20 versions pool the disjoint ten-version windows ending at 10 and 20 (5 + 10 wins of 40), then 30.
+    run_script("win_rate", dirs["moba"], "--block", 20, "--out", tmp_path / "blocks")
+    rows = table(tmp_path / "blocks" / "win_rate.md")
+    assert [(r["version"], r["games"], r["wins"]) for r in rows] == [("20", "40", "15"), ("30", "20", "15")]
+    assert "blocks of 20 versions" in (tmp_path / "blocks" / "win_rate.md").read_text()
+    bad = run_script("win_rate", dirs["moba"], "--block", 15, "--out", tmp_path / "bad", ok=False)
+    assert bad.returncode == 2 and "--block must be a positive multiple of 10, got 15" in bad.stderr
 
 
 def test_data_quality(dirs, tmp_path):

@@ -108,7 +108,7 @@ class Controller:
         self.stop_reason = "finished"
         self.learners_done: int | None = None
         self.accounting: dict[int, dict] = {}
-        self.history: deque[np.ndarray] = deque(maxlen=11)
+        self.history: deque[np.ndarray] = deque(maxlen=M.WIN_RATE_WINDOW + 1)
         self.started = time.monotonic()
         self.last_line = (time.monotonic(), 0.0)
         self.pool = self._load_pool(resume_version) if config.uses_league else None
@@ -208,7 +208,8 @@ class Controller:
         totals = np.array([sum(s.get(k, 0) for s in env) for k in ("bot_games", "bot_wins", "games", "returns_sum")],
                           dtype=np.float64)
         self.history.append(totals)
-        # Rates over the last ten versions' games: recent enough to follow learning, enough games to mean something.
+        # Rates over the last WIN_RATE_WINDOW versions' games: recent enough to follow learning, enough games to mean
+        # something.
         games, wins, episodes, returns = totals - self.history[0]
         if games:
             metrics[M.WIN_RATE_VS_SCRIPTED] = wins / games
