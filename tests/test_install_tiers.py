@@ -43,7 +43,11 @@ print(sorted(name for name in sys.modules if name.startswith({NOT_IN_BASE!r})))
 def test_slurm_launcher_without_the_cluster_tier_names_it(monkeypatch):
     """Hydra's plugin scan imports the project's launcher in every tier: without hydra-submitit-launcher (the base
     tier) its error names the tier to install, in the warning Hydra prints."""
-    monkeypatch.setitem(sys.modules, "hydra_plugins.hydra_submitit_launcher", None)  # not installed
+    # Not installed: the package and every submodule an earlier test may have imported (a submodule left in
+    # sys.modules would be found without its package).
+    launcher = "hydra_plugins.hydra_submitit_launcher"
+    for name in [launcher, *(n for n in sys.modules if n.startswith(launcher + "."))]:
+        monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.delitem(sys.modules, "hydra_plugins.hpc_rl_launcher.checked_launcher", raising=False)
     with pytest.raises(ImportError, match=r"cluster install tier: pip install '\.\[cluster\]'"):
         importlib.import_module("hydra_plugins.hpc_rl_launcher.checked_launcher")
