@@ -161,12 +161,21 @@ def _figures(run_dir: Path) -> dict:
     }
 
 
-def _run_job(runs: Path, name: str, overrides: list[str], timeout: float) -> dict:
-    cmd = mpirun_command(6, [str(ROOT / "jobs/train.py"), f"run_name={name}", f"runs_dir={runs}", *overrides])
-    started = time.monotonic()
+def launch_job(runs: Path, name: str, overrides: list[str], timeout: float) -> TrainConfig:
+    """Run jobs/train.py as run ``name`` in ``runs`` with ``overrides``, on as many ranks as its topology needs;
+    its config. Raises RuntimeError with the job's output tail when it fails."""
+    overrides = [f"run_name={name}", f"runs_dir={runs}", *overrides]
+    config = pipeline_config(overrides)
+    cmd = mpirun_command(config.topology.world_size, [str(ROOT / "jobs/train.py"), *overrides])
     out = subprocess.run(cmd, capture_output=True, text=True, env=rank_env(), timeout=timeout)
     if out.returncode != 0:
-        raise RuntimeError(f"training job failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"job {name} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return config
+
+
+def _run_job(runs: Path, name: str, overrides: list[str], timeout: float) -> dict:
+    started = time.monotonic()
+    launch_job(runs, name, overrides, timeout)
     return {**_figures(runs / name), "wall_seconds": time.monotonic() - started}
 
 

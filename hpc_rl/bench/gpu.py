@@ -29,7 +29,6 @@ the figures of one run.
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -37,10 +36,9 @@ from pathlib import Path
 import numpy as np
 
 from hpc_rl import metric_names as M
-from hpc_rl.bench.e2e import pipeline_config
-from hpc_rl.launch import mpirun_command, rank_env, set_torch_threads
+from hpc_rl.bench.e2e import launch_job, pipeline_config
+from hpc_rl.launch import set_torch_threads
 
-ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("devices", "model", "scaling", "inference")
 HOK_SAMPLES_PER_GPU = 80_000  # Honor of Kings 1v1 (Ye et al. 2020, 5.1): training samples per second per P40
 
@@ -101,15 +99,10 @@ def _figures(run_dir: Path) -> dict:
 def run_job(runs: Path, name: str, overrides: list[str], seconds: float, extra: list[str]) -> dict:
     """jobs/train.py with ``overrides`` then ``extra`` for ``seconds``; its figures, config and where its ranks
     ran."""
-    overrides = [f"run_name={name}", f"runs_dir={runs}", "pipeline.max_versions=1000000",
-                 f"pipeline.max_seconds={seconds}", "pipeline.final_eval_games=0", "pipeline.allreduce=mpi",
-                 *overrides, *extra]
-    config = pipeline_config(overrides)
-    cmd = mpirun_command(config.topology.world_size, [str(ROOT / "jobs/train.py"), *overrides])
     started = time.monotonic()
-    out = subprocess.run(cmd, capture_output=True, text=True, env=rank_env(), timeout=seconds + 300)
-    if out.returncode != 0:
-        raise RuntimeError(f"job {name} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    config = launch_job(runs, name, ["pipeline.max_versions=1000000", f"pipeline.max_seconds={seconds}",
+                                     "pipeline.final_eval_games=0", "pipeline.allreduce=mpi", *overrides, *extra],
+                        timeout=seconds + 300)
     summary = json.loads((runs / name / "summary.json").read_text())
     return {"name": name, "env_ranks": config.topology.env, "inference_ranks": config.topology.inference,
             "learners": config.topology.learner, "set": extra,
@@ -245,7 +238,8 @@ def inference(args, runs: Path) -> dict:
                 for i in range(23):  # the first 3 warm up (cuDNN's choices, the caching allocators)
                     t0 = time.perf_counter()
                     step = act(policy, to_device(flat, device, pin), hero, starts, state)
-                    {k: v.cpu().numpy() for k, v in step.actions.items()}
+                    for actions in step.actions.values():  # the copy back, as an inference rank makes it
+                        actions.cpu().numpy()
                     if i >= 3:
                         times.append(time.perf_counter() - t0)
                 row = {"copies": copies, "batch": n, "lstm_size": size, "device": name, "pinned": pin and
