@@ -87,3 +87,20 @@ def test_dry_run_skips_finished_members(tmp_path, capsys):
     # The batch panel runs half the versions unless told, and its members' finished summaries are judged by them.
     main(["--runs", str(tmp_path), "--panels", "batch_size", "--seeds", "3", "--versions", "40", "--dry-run"])
     assert "pipeline.max_versions=20 pipeline.segments_per_batch=1,2,4,8 seed=3" in capsys.readouterr().out
+
+
+def test_failed_member_watchdog_ignores_earlier_jobs(tmp_path):
+    # A resumed sweep launches into a directory whose .submitit/ holds an earlier, cancelled array (tasks 4 and 5
+    # never ran, so they left no result): the watchdog of the new launch must watch its own job only.
+    launcher = pytest.importorskip("hydra_plugins.hpc_rl_launcher.checked_launcher")  # the cluster install tier
+    for name in ("340", "340_0", "340_4", "340_5"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "multirun.yaml").write_text("")
+    earlier = {p.name for p in tmp_path.iterdir()}
+    for name in ("345", "345_0", "345_1"):
+        (tmp_path / name).mkdir()
+    assert launcher.task_folders(tmp_path, earlier) == ["345_0", "345_1"]
+    assert launcher.task_folders(tmp_path, set())[:3] == ["340_0", "340_4", "340_5"]
+    (tmp_path / "346").mkdir()  # a single job (no array): its own folder
+    assert launcher.task_folders(tmp_path, earlier | {"345", "345_0", "345_1"}) == ["346"]
+    assert launcher.task_folders(tmp_path / "absent", set()) == []
