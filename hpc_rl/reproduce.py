@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     done = {p.name: finished_members(p, args.runs / p.name) for p in panels}
     total = sum(len(p.members) for p in panels)
     skipped = sum(len(d) for d in done.values())
-    print(f"{total} members in {len(panels)} panels: {skipped} finished (skipped), {total - skipped} to run, "
+    print(f"{total} members in {len(panels)} panel(s): {skipped} finished (skipped), {total - skipped} to run, "
           f"{args.parallel} at a time", flush=True)
     for panel in panels:
         sweep_dir = args.runs / panel.name

@@ -75,7 +75,7 @@ def test_dry_run_skips_finished_members(tmp_path, capsys):
     assert main(["--runs", str(tmp_path), "--panels", "staleness", "reuse", "--seeds", "3", "4", "--versions", "40",
                  "--parallel", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "12 members in 2 panels: 4 finished (skipped), 8 to run, 2 at a time" in out
+    assert "12 members in 2 panel(s): 4 finished (skipped), 8 to run, 2 at a time" in out
     assert "== staleness (pipeline.staleness_queue, 40 versions): 4/6 finished, 2 to run" in out
     commands = [line for line in out.splitlines() if line.startswith("$ ")]
     assert len(commands) == 2
