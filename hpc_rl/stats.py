@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from itertools import combinations
 from dataclasses import dataclass
+from itertools import combinations
 
 import numpy as np
 
@@ -102,7 +102,7 @@ def permutation_p(slower: Sequence[float | None], faster: Sequence[float | None]
     if math.comb(n, k) <= exact_limit:
         splits = np.array(list(combinations(range(n), k)), dtype=np.intp)
         sums = ranks[splits].sum(axis=1)
-        # Midranks are multiples of 1/2, so the sums are exact in float64: == is safe.
+        # Midranks are multiples of 1/2, so their sums are exact in float64 and >= compares them exactly.
         return float(np.mean(sums >= observed))
     rng = np.random.default_rng(seed)
     picks = np.argsort(rng.random((draws, n)), axis=1)[:, :k]

@@ -8,8 +8,9 @@
 
 The pure functions (``first_crossing``, ``speedup``, ``staleness_histogram``, ``measured_staleness``,
 ``measured_reuse``, ``speedup_rows``, ``direction_test``) take arrays and numbers, so the tests can check them
-against hand-computed cases; loading and table formatting are kept apart from them. The small statistics the scripts share with training
-(``wilson_interval``, ``trailing_mean``, ``spread``, ``permutation_p``) are in ``hpc_rl.stats``.
+against hand-computed cases; loading and table formatting are kept apart from them. The small statistics the
+scripts share with training (``wilson_interval``, ``trailing_mean``, ``spread``, ``permutation_p``) are in
+``hpc_rl.stats``.
 """
 
 from __future__ import annotations

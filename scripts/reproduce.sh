@@ -45,7 +45,8 @@ for panel in $PANELS; do
     # Figure 5a's baseline is the paper's second-smallest batch (2 segments per learner); 5b's and 5c's the smallest
     # queue and reuse.
     if [ "$panel" = batch_size ]; then
-        args=(--baseline 2 --thresholds $BATCH_THRESHOLDS ${BATCH_TEST_THRESHOLD:+--test-threshold $BATCH_TEST_THRESHOLD})
+        args=(--baseline 2 --thresholds $BATCH_THRESHOLDS
+              ${BATCH_TEST_THRESHOLD:+--test-threshold $BATCH_TEST_THRESHOLD})
     else
         args=(--baseline smallest --thresholds $THRESHOLDS ${TEST_THRESHOLD:+--test-threshold $TEST_THRESHOLD})
     fi
