@@ -21,10 +21,10 @@ PANELS=${REPRO_PANELS:-batch_size staleness reuse}
 # chose the thresholds below, nor the seeds the defaults were tuned on (0, 1, 2).
 SEEDS=${REPRO_SEEDS:-10 11 12 13 14 15}
 # Return thresholds (CartPole-v1 starts near 20 and ends at 500) and the one each panel's direction test uses, as
-# the pilot (seeds 3, 4) suggested: stale data sped up the first rise and slowed the approach to high returns, so
-# staleness and reuse are tested at 350; the 4x batch's lead was widest early (1.7x at 150, 1.3x at 200) and the
-# batch members' budget is shorter, so batch size at 150. Other REPRO_*THRESHOLDS: the middle one unless
-# REPRO_*TEST_THRESHOLD names one.
+# a pilot suggested (docs/analysis.md): stale data sped up the first rise and slowed the approach to high returns,
+# so staleness and reuse are tested at 350; the 4x batch's lead was widest at low returns and the batch members'
+# budget is shorter, so batch size at 150. Other REPRO_*THRESHOLDS: the middle one unless REPRO_*TEST_THRESHOLD
+# names one.
 THRESHOLDS=${REPRO_THRESHOLDS:-150 250 350}
 TEST_THRESHOLD=${REPRO_TEST_THRESHOLD:-$([ -n "${REPRO_THRESHOLDS:-}" ] || echo 350)}
 BATCH_THRESHOLDS=${REPRO_BATCH_THRESHOLDS:-100 150 200}
