@@ -14,7 +14,7 @@ help:
 	@echo "make test-fast  the tests not marked slow, slurm or mpi"
 	@echo "make test-light the base install tier (pip install ., no MPI) in a new venv, and its tests there (CI runs it)"
 	@echo "make bench      setup + every benchmark, one JSON line each (BENCHES=\"$(BENCHES)\")"
-	@echo "make reproduce  setup + the staleness and reuse sweeps of OpenAI Five's Figure 5 on the local Slurm, plots in docs/figures"
+	@echo "make reproduce  setup + OpenAI Five's Figure 5 (batch size, staleness, reuse sweeps) on the local Slurm, resumable; plots in docs/figures/figure5"
 	@echo "make reproduce-1v1   setup + MOBA 1v1 (small map) trained 60 CPU-minutes against the scripted bot, then 400 evaluation games"
 	@echo "make cluster-up / cluster-down   the local single-node Slurm cluster"
 

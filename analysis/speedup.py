@@ -13,8 +13,14 @@ that mean by its own versions. Speed-ups are plotted against the swept value and
 (sample-weighted mean) and reuse (mean over versions) of each group, with min..max over seeds as error bars; a group
 too few of whose seeds reach T is drawn as a triangle at speed-up 0.
 
+Every table ends with the direction the paper found, tested over seeds at one threshold (--test-threshold, default
+the middle one): `direction test: <what>, p = <value>`, a one-sided permutation test of versions to T (a seed that
+never reached T counts as slowest). Staleness and reuse: the value farthest from the baseline learns slower than the
+baseline; batch size: a batch 4x the baseline's needs fewer versions, but more than a quarter as many (sublinear).
+
 Writes, per sweep, speedup_<sweep>.png (the metric against versions for every member; speed-up against the swept
-value, the measured staleness and the measured reuse) and speedup_<sweep>.md (one row per threshold and value).
+value, the measured staleness and the measured reuse) and speedup_<sweep>.md (one row per threshold and value, then
+the direction test).
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ import numpy as np
 from hpc_rl.metric_names import REUSE, STALENESS_MEAN
 from hpc_rl.stats import spread, trailing_mean
 from hpc_rl.study import (ABLATION_KEYS, DEFAULT_BASELINE, VERSION_LABEL, Output, RunData, SpeedupRow, check_metric,
-                          choose_baseline, config_value, default_metric, default_thresholds, first_crossing, fmt,
-                          global_batch_steps, is_sweep, load_sweep, markdown_table, measured_reuse,
+                          choose_baseline, config_value, default_metric, default_thresholds, direction_test,
+                          first_crossing, fmt, global_batch_steps, is_sweep, load_sweep, markdown_table, measured_reuse,
                           measured_staleness, pyplot, run_script, script_parser, speedup_rows, swept_key)
 
 
@@ -43,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--thresholds", type=float, nargs="+",
                    help="metric thresholds T (default: 25%%, 50%% and 75%% of the way from the baseline's mean "
                         "first value to its mean best value)")
+    p.add_argument("--test-threshold", type=float,
+                   help="the threshold of the direction test; one of --thresholds (default: the middle one)")
     p.add_argument("--smooth", type=int, default=1,
                    help="trailing mean over this many versions before looking for the first crossing (default 1)")
     p.add_argument("--min-reached", type=float, default=0.5,
@@ -80,6 +88,9 @@ def sweep(path: Path, args: argparse.Namespace, out: Output) -> None:
     crossings = {value: [[first_crossing(*curves[id(r)], t) for t in thresholds] for r in runs]
                  for value, runs in groups.items()}
     rows = speedup_rows(crossings, baseline, thresholds, args.min_reached)
+    tested = tested_threshold(thresholds, args.test_threshold)
+    test = direction_test({v: [c[tested] for c in seeds] for v, seeds in crossings.items()}, baseline, key,
+                          thresholds[tested])
     staleness = {v: spread(measured_staleness(r.metrics) if r.has(STALENESS_MEAN) else None for r in g)
                  for v, g in groups.items()}
     reuse = {v: spread(measured_reuse(r.metrics) if r.has(REUSE) else None for r in g)
@@ -93,9 +104,19 @@ def sweep(path: Path, args: argparse.Namespace, out: Output) -> None:
               f"{path.name}: speed-up over {key} = {fmt(baseline)} to reach {metric} (OpenAI Five eq. 2)",
               markdown_table([key, "batch (env steps)", "threshold", "reached", "versions mean",
                               "baseline versions", "speedup mean", "speedup std", "speedup min", "speedup max",
-                              "staleness measured", "reuse measured"], table))
+                              "staleness measured", "reuse measured"], table) + f"\n{test.line()}\n")
     figure(path.name, key, ablation, metric, groups, curves, rows, baseline, thresholds, staleness, reuse,
            args.min_reached, out)
+
+
+def tested_threshold(thresholds: list[float], wanted: float | None) -> int:
+    """Which threshold the direction test uses: ``wanted`` (one of them), else the middle one."""
+    if wanted is None:
+        return len(thresholds) // 2
+    for i, t in enumerate(thresholds):
+        if abs(t - wanted) <= 1e-9 * max(1.0, abs(t)):
+            return i
+    raise ValueError(f"--test-threshold {fmt(wanted)} is not one of the thresholds {[fmt(t) for t in thresholds]}")
 
 
 def _batch(runs: list[RunData]) -> float | None:

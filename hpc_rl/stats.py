@@ -3,13 +3,15 @@
     wilson_interval(wins, games)        # 95% interval of a win rate
     trailing_mean(values, window)       # causal smoothing of a curve
     spread([v_seed0, None, v_seed2])    # a statistic over seeds, counting those that have no value
+    permutation_p([40, None, 35], [20, 25, 30])   # one-sided: does the first group take longer than the second?
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 
 import numpy as np
 
@@ -74,3 +76,50 @@ def spread(values: Iterable[float | None]) -> Spread:
     """Spread over seeds, None (a seed that never reached a threshold) counted in ``runs`` but not in the stats."""
     values = list(values)
     return Spread(tuple(float(v) for v in values if v is not None), len(values))
+
+
+def permutation_p(slower: Sequence[float | None], faster: Sequence[float | None], exact_limit: int = 200_000,
+                  draws: int = 100_000, seed: int = 0) -> float:
+    """One-sided permutation test over seeds that ``slower`` takes more versions (to a threshold) than ``faster``:
+    the fraction of the ways to split the pooled seeds into groups of these sizes whose ``slower`` side has a rank
+    sum (equivalently Mann-Whitney's U) at least the observed one. None (a seed that never reached the threshold)
+    counts as slower than every seed that did, ties between such seeds as ties; ranks rather than means, since such
+    a seed has no number of versions and one slow seed must not outweigh the others.
+
+    Exact (every split enumerated) while there are at most ``exact_limit`` splits; beyond, ``draws`` random
+    permutations from ``seed``, with p = (1 + hits) / (1 + draws) so that it is never 0. The smallest exact p is
+    1 / C(n + m, n): 0.05 for 3 seeds against 3, 0.014 for 4 against 4, 0.0011 for 6 against 6."""
+    a = np.array([math.inf if v is None else float(v) for v in slower])
+    b = np.array([math.inf if v is None else float(v) for v in faster])
+    if a.size == 0 or b.size == 0:
+        raise ValueError(f"a permutation test needs seeds on both sides, got {a.size} and {b.size}")
+    if np.isnan(a).any() or np.isnan(b).any():
+        raise ValueError("versions to a threshold must be numbers or None, got NaN")
+    pooled = np.concatenate([a, b])
+    ranks = _midranks(pooled)
+    observed = ranks[:a.size].sum()
+    n, k = pooled.size, a.size
+    if math.comb(n, k) <= exact_limit:
+        splits = np.array(list(combinations(range(n), k)), dtype=np.intp)
+        sums = ranks[splits].sum(axis=1)
+        # Midranks are multiples of 1/2, so their sums are exact in float64 and >= compares them exactly.
+        return float(np.mean(sums >= observed))
+    rng = np.random.default_rng(seed)
+    picks = np.argsort(rng.random((draws, n)), axis=1)[:, :k]
+    hits = int(np.sum(ranks[picks].sum(axis=1) >= observed))
+    return (1 + hits) / (1 + draws)
+
+
+def _midranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, tied values sharing the mean of the ranks they span (inf ties with inf)."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(values.size)
+    sorted_values = values[order]
+    start = 0
+    while start < values.size:
+        end = start
+        while end + 1 < values.size and sorted_values[end + 1] == sorted_values[start]:
+            end += 1
+        ranks[order[start:end + 1]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks

@@ -7,9 +7,10 @@
     speedup(v_baseline, v_member)
 
 The pure functions (``first_crossing``, ``speedup``, ``staleness_histogram``, ``measured_staleness``,
-``measured_reuse``, ``speedup_rows``) take arrays and numbers, so the tests can check them against hand-computed
-cases; loading and table formatting are kept apart from them. The small statistics the scripts share with training
-(``wilson_interval``, ``trailing_mean``, ``spread``) are in ``hpc_rl.stats``.
+``measured_reuse``, ``speedup_rows``, ``direction_test``) take arrays and numbers, so the tests can check them
+against hand-computed cases; loading and table formatting are kept apart from them. The small statistics the
+scripts share with training (``wilson_interval``, ``trailing_mean``, ``spread``, ``permutation_p``) are in
+``hpc_rl.stats``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from hpc_rl import metric_names as M
-from hpc_rl.stats import Spread, spread
+from hpc_rl.stats import Spread, permutation_p, spread
 from hpc_rl.storage import open_run
 from hpc_rl.storage.layout import INDEX_FILE, RunLayout, runs_index
 
@@ -139,6 +140,58 @@ def speedup_rows(crossings: dict[float, list[int | None]], baseline: float, thre
                                    spread(speedup(base_versions, c[t_index]) for c in crossings[value]),
                                    base_versions))
     return rows
+
+
+# The batch the sublinear test of Figure 5a compares with the baseline: this many times larger.
+BATCH_TEST_RATIO = 4.0
+
+
+@dataclass(frozen=True)
+class DirectionTest:
+    """The direction a sweep should show, as a one-sided permutation test over seeds of versions to one threshold."""
+
+    what: str
+    p: float | None  # None: the sweep has no member to test against the baseline
+
+    def line(self) -> str:
+        return f"direction test: {self.what}, p = {'-' if self.p is None else f'{self.p:.3g}'}"
+
+
+def direction_test(crossings: dict[float, list[int | None]], baseline: float, key: str,
+                   threshold: float) -> DirectionTest:
+    """OpenAI Five's Figure 5 directions for a sweep of config ``key``, tested on ``crossings[value]`` (each seed's
+    versions to reach ``threshold``; None: never reached, which counts as slowest) with
+    ``hpc_rl.stats.permutation_p``:
+
+    - ``batch_size``: the batch ``BATCH_TEST_RATIO`` times the baseline's (else the largest above it, ratio r)
+      needs fewer versions than the baseline, but more than 1/r as many (a sublinear speed-up). Two one-sided
+      tests: the baseline's versions against the member's, and the member's times r against the baseline's; the
+      claim holds when both do, so p is the larger of the two (an intersection-union test).
+    - anything else (staleness, reuse): the value farthest from the baseline and the baseline, the larger of the
+      two learning slower (more versions) than the smaller.
+    """
+    if baseline not in crossings:
+        raise ValueError(f"baseline value {baseline} is not among the swept values {sorted(crossings)}")
+    at = f"versions to {threshold:g}"
+    ablation = ABLATION_KEYS.get(key)
+    name = ablation if ablation in ("staleness", "reuse") else key.split(".")[-1]
+    if ablation == "batch_size":
+        larger = [v for v in crossings if v > baseline]
+        if not larger:
+            return DirectionTest(f"no batch larger than the baseline ({name} {fmt(baseline)})", None)
+        member = baseline * BATCH_TEST_RATIO if baseline * BATCH_TEST_RATIO in crossings else max(larger)
+        ratio = member / baseline
+        scaled = [None if c is None else c * ratio for c in crossings[member]]
+        p = max(permutation_p(crossings[baseline], crossings[member]), permutation_p(scaled, crossings[baseline]))
+        return DirectionTest(f"a {fmt(ratio)}x batch ({name} {fmt(member)}) needs fewer {at} than the baseline "
+                             f"({fmt(baseline)}), but more than 1/{fmt(ratio)} as many (sublinear)", p)
+    others = [v for v in crossings if v != baseline]
+    if not others:
+        return DirectionTest(f"no {name} other than the baseline ({fmt(baseline)})", None)
+    far = max(others, key=lambda v: abs(v - baseline))
+    low, high = sorted((baseline, far))
+    return DirectionTest(f"{name} {fmt(high)} is slower than {fmt(low)} ({at}, one-sided)",
+                         permutation_p(crossings[high], crossings[low]))
 
 
 def choose_baseline(values: Sequence[float], rule: str) -> float:

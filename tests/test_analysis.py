@@ -4,6 +4,7 @@ MetricsWriter) with its tables checked."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -13,9 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
-from hpc_rl.stats import spread, trailing_mean, wilson_interval
-from hpc_rl.study import (choose_baseline, default_metric, default_thresholds, first_crossing, load_runs,
-                          markdown_table, measured_reuse, measured_staleness, speedup, speedup_rows,
+from hpc_rl.stats import permutation_p, spread, trailing_mean, wilson_interval
+from hpc_rl.study import (choose_baseline, default_metric, default_thresholds, direction_test, first_crossing,
+                          load_runs, markdown_table, measured_reuse, measured_staleness, speedup, speedup_rows,
                           staleness_histogram, swept_key)
 from hpc_rl.storage import MetricsWriter
 from hpc_rl.storage.metrics import ROW
@@ -33,6 +34,22 @@ def wilson_by_scan(wins: int, games: int, z: float = 1.96, grid: int = 200_001) 
     p = np.linspace(0.0, 1.0, grid)
     inside = p[(wins / games - p) ** 2 <= z * z * p * (1 - p) / games]
     return float(inside.min()), float(inside.max())
+
+
+def permutation_p_by_enumeration(slower: list, faster: list) -> float:
+    """Every ordering of the pooled seeds, the first len(slower) taken as the slower group: the share of orderings
+    whose Mann-Whitney U (pairs slower > faster, ties one half; never reached = None, above every number) is at
+    least the observed one."""
+    def key(v):
+        return math.inf if v is None else v
+
+    def u(a, b):
+        return sum((key(x) > key(y)) + 0.5 * (key(x) == key(y)) for x in a for y in b)
+
+    pooled, k = slower + faster, len(slower)
+    observed = u(slower, faster)
+    orders = list(itertools.permutations(pooled))
+    return sum(u(o[:k], o[k:]) >= observed for o in orders) / len(orders)
 
 
 def rows(pairs: list[tuple[int, float]]) -> np.ndarray:
@@ -108,6 +125,61 @@ def test_spread_counts_seeds_that_never_reached():
     assert s.mean == pytest.approx(0.45) and s.min == 0.4 and s.max == 0.5
     assert s.std == pytest.approx(math.sqrt(2 * 0.05 ** 2))
     assert spread([None]).n == 0 and math.isnan(spread([None]).mean)
+
+
+@pytest.mark.parametrize("slower,faster", [
+    ([5, 6, 7], [1, 2, 3]),                 # the smallest p of 3 against 3: 1 / 20
+    ([1, 2, 3], [5, 6, 7]),                 # the opposite direction: p = 1
+    ([40, None, 35, 30], [20, 25, 30, 50]),  # a tie across the groups and a seed that never reached
+    ([None, None, 10], [None, 12, 8]),       # ties among seeds that never reached
+    ([4, 4, 4], [4, 4]),                     # all tied: every split is as extreme, p = 1
+    ([9, 2, 7, 5, 6], [1, 3]),               # unequal groups
+])
+def test_permutation_p_matches_enumeration(slower, faster):
+    assert permutation_p(slower, faster) == pytest.approx(permutation_p_by_enumeration(slower, faster), abs=1e-12)
+
+
+def test_permutation_p_sampled_and_errors():
+    # 7 against 7 is 3,432 splits: exact below the limit, sampled above it (p = (1 + hits) / (1 + draws)).
+    slower, faster = [30, 31, 45, None, 28, 40, 33], [20, 29, 25, 35, 22, 27, 26]
+    exact = permutation_p(slower, faster)
+    assert 0 < exact < 0.01
+    sampled = permutation_p(slower, faster, exact_limit=0, draws=20_000, seed=1)
+    assert sampled == pytest.approx(exact, abs=0.003) and sampled > 0
+    assert permutation_p([5], [1], exact_limit=0, draws=9) > 0  # never 0, even when every draw misses
+    with pytest.raises(ValueError, match="both sides"):
+        permutation_p([], [1, 2])
+    with pytest.raises(ValueError, match="NaN"):
+        permutation_p([float("nan")], [1.0])
+
+
+def test_direction_tests_of_the_three_panels():
+    # Staleness: queue 8 took 40, 50, never; queue 0 took 10, 12, 11: the one split of 20 most extreme.
+    stale = direction_test({0.0: [10, 12, 11], 2.0: [20, 10, 30], 8.0: [40, 50, None]}, 0.0,
+                           "pipeline.staleness_queue", 195.0)
+    assert stale.p == pytest.approx(0.05)
+    assert stale.line() == "direction test: staleness 8 is slower than 0 (versions to 195, one-sided), p = 0.05"
+    # Reuse: reuse 4 faster than 1, so the test of "slower" fails.
+    reuse = direction_test({1.0: [30, 40, 35], 4.0: [10, 12, 11]}, 1.0, "pipeline.target_reuse", 100.0)
+    assert reuse.p == 1.0 and reuse.line().startswith("direction test: reuse 4 is slower than 1 (")
+    # Batch, baseline 2: segments 8 (4x) took 40-48 against 100-120: fewer, and x4 = 160-192 more than 100-120.
+    key = "pipeline.segments_per_batch"
+    sublinear = {1.0: [200, 210, 220], 2.0: [100, 110, 120], 4.0: [60, 70, 65], 8.0: [40, 44, 48]}
+    test = direction_test(sublinear, 2.0, key, 195.0)
+    assert test.p == pytest.approx(0.05)
+    assert test.what.startswith("a 4x batch (segments_per_batch 8) needs fewer versions to 195 than the baseline (2)")
+    # Linear or better (x4 = 80-96 versions, below the baseline's): the sublinear half fails, p is the larger.
+    superlinear = {**sublinear, 8.0: [20, 22, 24]}
+    assert direction_test(superlinear, 2.0, key, 195.0).p == 1.0
+    # No gain (the 4x batch never reached T): the "fewer versions" half fails.
+    assert direction_test({**sublinear, 8.0: [None, None, None]}, 2.0, key, 195.0).p == 1.0
+    # Without a 4x batch, the largest above the baseline and its own ratio.
+    test = direction_test({1.0: [100, 110, 115], 2.0: [60, 70, 65]}, 1.0, key, 195.0)
+    assert "a 2x batch" in test.what and "1/2 as many" in test.what and test.p == pytest.approx(0.05)
+    assert direction_test({2.0: [1], 1.0: [2]}, 2.0, key, 1.0).p is None
+    assert direction_test({0.0: [1, 2]}, 0.0, "pipeline.staleness_queue", 1.0).line().endswith("p = -")
+    with pytest.raises(ValueError, match="baseline value 3"):
+        direction_test({0.0: [1]}, 3.0, key, 1.0)
 
 
 def test_speedup_rows_hand_case():
@@ -351,6 +423,19 @@ def test_speedup_staleness_sweep(dirs, tmp_path):
     assert float(rows[(2, 0.25)]["versions mean"]) == 11.5
     assert float(rows[(0, 0.5)]["speedup mean"]) == 1.0
     assert float(rows[(0, 0.5)]["batch (env steps)"]) == 4 * 2 * 64 * 8
+    # The table ends with the direction test at the middle threshold (0.5): queue 8 took 40 and never, queue 0 took
+    # 10 and 10; of the 6 splits of the four seeds, only the observed one is as extreme.
+    text = (tmp_path / "speedup_ablation_staleness.md").read_text()
+    assert text.splitlines()[-1] == ("direction test: staleness 8 is slower than 0 (versions to 0.5, one-sided), "
+                                     "p = 0.167")
+    run_script("speedup", dirs["staleness"], "--thresholds", 0.25, 0.5, "--test-threshold", 0.25, "--out",
+               tmp_path / "t")
+    # At 0.25: queue 8 at 20 and 20 (the capped seed reaches 0.25 too), queue 0 at 5 and 5: again 1 of 6.
+    last = (tmp_path / "t" / "speedup_ablation_staleness.md").read_text().splitlines()[-1]
+    assert last == "direction test: staleness 8 is slower than 0 (versions to 0.25, one-sided), p = 0.167"
+    bad = run_script("speedup", dirs["staleness"], "--thresholds", 0.25, 0.5, "--test-threshold", 0.3, "--out",
+                     tmp_path / "bad", ok=False)
+    assert bad.returncode == 2 and "--test-threshold 0.300 is not one of the thresholds" in bad.stderr
 
 
 def test_speedup_baseline_flag_default_thresholds_and_errors(dirs, tmp_path):
@@ -369,6 +454,11 @@ def test_speedup_baseline_flag_default_thresholds_and_errors(dirs, tmp_path):
         # The ramp to version ``reach`` first reaches t at ceil(2 t reach).
         assert float(row["speedup mean"]) == pytest.approx(math.ceil(2 * t * 40) / math.ceil(2 * t * 16), abs=1e-3)
     png_ok(tmp_path / "speedup_ablation_batch_size.png")
+    # One seed per value: the 4x batch (segments 4) reached the middle threshold at version 11, the baseline at 26,
+    # and 4 x 11 > 26: both halves hold, but one seed against one gives p = 1/2 at best.
+    last = (tmp_path / "speedup_ablation_batch_size.md").read_text().splitlines()[-1]
+    assert last.startswith("direction test: a 4x batch (segments_per_batch 4) needs fewer versions to 0.31875 than the "
+                           "baseline (1), but more than 1/4 as many (sublinear), p = 0.5")
     bad = run_script("speedup", dirs["moba"], "--out", tmp_path, ok=False)
     assert bad.returncode == 2 and "not a sweep directory" in bad.stderr
     bad = run_script("speedup", dirs["staleness"], "--baseline", "3", "--out", tmp_path, ok=False)

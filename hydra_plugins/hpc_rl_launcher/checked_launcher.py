@@ -62,7 +62,10 @@ class CheckedSlurmLauncher(SlurmLauncher):
                                      f"the launcher starts {ranks} (nodes x tasks_per_node)")
         finally:
             HydraConfig.instance().set_config(self.config)
-        watchdog = FailedMemberWatchdog(Path(str(self.params["submitit_folder"])).parent)
+        folder = Path(str(self.params["submitit_folder"])).parent
+        # A sweep directory launched into again (a resumed sweep) keeps the earlier jobs' folders: not this launch's.
+        earlier = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+        watchdog = FailedMemberWatchdog(folder, earlier)
         watchdog.start()
         try:
             return super().launch(job_overrides, initial_job_idx)
@@ -78,18 +81,17 @@ class FailedMemberWatchdog(threading.Thread):
     the array has ended and one of them left no result, names it and interrupts the launcher.
     """
 
-    def __init__(self, submitit_dir: Path, poll_s: float = 5.0):
+    def __init__(self, submitit_dir: Path, earlier: set[str], poll_s: float = 5.0):
+        """``earlier``: the folders of jobs submitted before this launch, which it ignores."""
         super().__init__(daemon=True)
-        self.dir, self.poll_s = submitit_dir, poll_s
+        self.dir, self.earlier, self.poll_s = submitit_dir, earlier, poll_s
         self.stop = threading.Event()
 
     def run(self) -> None:
         from hpc_rl.slurm import TERMINAL_STATES, job_states
 
         while not self.stop.wait(self.poll_s):
-            # submitit keeps one folder per array task ("<job>_<task>"), or one for a single job ("<job>").
-            folders = sorted(p for p in self.dir.iterdir() if p.is_dir()) if self.dir.is_dir() else []
-            tasks = [p for p in folders if "_" in p.name] or folders
+            tasks = [self.dir / name for name in task_folders(self.dir, self.earlier)]
             if not tasks:
                 continue
             try:
@@ -104,3 +106,11 @@ class FailedMemberWatchdog(threading.Thread):
                 print(f"sweep members ended without a result: {names}", file=sys.stderr, flush=True)
                 _thread.interrupt_main()
             return
+
+
+def task_folders(submitit_dir: Path, earlier: set[str]) -> list[str]:
+    """The job folders submitit made in ``submitit_dir``, those named in ``earlier`` left out: one per array task
+    ("<job>_<task>"; the array's own "<job>" folder then holds nothing of a member), or one for a single job."""
+    folders = sorted(p.name for p in submitit_dir.iterdir() if p.is_dir() and p.name not in earlier) \
+        if submitit_dir.is_dir() else []
+    return [name for name in folders if "_" in name] or folders

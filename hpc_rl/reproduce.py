@@ -1,0 +1,217 @@
+"""`make reproduce`'s sweeps: OpenAI Five's Figure 5 panels as Hydra multiruns on Slurm, resumable across sittings.
+
+    python -m hpc_rl.reproduce --runs runs/figure5                        # every panel, members one at a time
+    python -m hpc_rl.reproduce --runs runs/figure5 --panels staleness --seeds 3 4 --parallel 2 --versions 100
+    python -m hpc_rl.reproduce --runs runs/figure5 --dry-run              # what is finished, what would run
+
+A panel is an ablation (``conf/ablation/<panel>.yaml``: the swept key, its values and the default seeds) run on
+``conf/experiment/<experiment>.yaml`` into ``<runs>/<panel>/``. Each member is one Slurm array task = one MPI job
+(``jobs/train.py`` through the submitit launcher ``hydra/launcher=local_slurm``); its run directory is named after
+its value and seed by the ablation config, so a member keeps its directory from one sitting to the next.
+
+Before launching, every member whose run directory has a ``summary.json`` with state ``finished`` at its panel's
+versions or more is skipped; one that started and did not finish (a crash, a cancelled job) is launched again
+and resumes from its latest checkpoint. The rest run as few multiruns as cover them exactly (one per set of values
+sharing the same pending seeds), ``--parallel`` members at once. While a multirun runs, a line says which members
+are running and how many of the whole reproduction remain.
+
+Versions: ``--versions`` for the staleness and reuse members, ``--batch-versions`` (default half as many) for the
+batch-size members. A version of a batch k times larger costs k times the env steps, and larger batches need fewer
+versions (what Figure 5a measures), so the batch panel's budget is cut to keep its cost near the other two panels'
+(its baseline, 2 segments, reaches the thresholds in fewer versions than the 1-segment members of the others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+
+from hpc_rl.storage.layout import RunLayout
+
+ROOT = Path(__file__).resolve().parent.parent
+PANELS = ("batch_size", "staleness", "reuse")  # Figure 5a, 5b, 5c
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One ablation: the config key it sweeps, the values, the seeds of every value and each member's versions."""
+
+    name: str
+    key: str
+    values: tuple[str, ...]
+    seeds: tuple[str, ...]
+    versions: int = 0  # pipeline.max_versions of every member (0: not chosen yet)
+
+    @property
+    def members(self) -> list[tuple[str, str]]:
+        return [(v, s) for v in self.values for s in self.seeds]
+
+
+def read_panel(name: str, conf: Path = ROOT / "conf") -> Panel:
+    """The panel of ``conf/ablation/<name>.yaml``: its sweeper params are the swept key and ``seed``."""
+    path = conf / "ablation" / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"no ablation {name!r}: {path} does not exist")
+    params = dict(yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"])
+    seeds = params.pop("seed", None)
+    if seeds is None or len(params) != 1:
+        raise ValueError(f"{path}: the sweeper must sweep seed and one other key, got {sorted(params) + ['seed']}")
+    ((key, values),) = params.items()
+    return Panel(name, key, _split(values), _split(seeds))
+
+
+def _split(values) -> tuple[str, ...]:
+    return tuple(str(v).strip() for v in str(values).split(","))
+
+
+def same_value(a: str, b) -> bool:
+    """``a`` (as written on a command line) and ``b`` (as a run's config.yaml holds it) are the same value."""
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
+def is_finished(summary: dict | None, versions: int) -> bool:
+    """A member is done when its job ended with state ``finished`` having trained ``versions`` or more (a member
+    stopped by a signal or a time limit, or one run shorter, trains on when launched again)."""
+    return bool(summary) and summary.get("state") == "finished" and int(summary.get("version") or 0) >= versions
+
+
+def finished_members(panel: Panel, sweep_dir: Path) -> set[tuple[str, str]]:
+    """The (value, seed) of ``panel`` whose run directory under ``sweep_dir`` holds a summary finished at the
+    panel's versions, read from each directory's own config.yaml (so the names are the ablation config's business
+    alone)."""
+    done = set()
+    for run_dir in sorted(p for p in sweep_dir.glob("*") if p.is_dir()):
+        layout = RunLayout(run_dir)
+        if not (layout.summary.is_file() and layout.config.is_file()):
+            continue
+        if not is_finished(json.loads(layout.summary.read_text()), panel.versions):
+            continue
+        config = yaml.safe_load(layout.config.read_text())
+        node = config
+        for part in panel.key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        done |= {(v, s) for v, s in panel.members if same_value(v, node) and same_value(s, config.get("seed"))}
+    return done
+
+
+def launch_groups(pending: Iterable[tuple[str, str]]) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """The fewest (values, seeds) products, grouped by shared pending seeds, whose union is exactly ``pending``:
+    one Hydra multirun each. A fresh panel is one product; one cut short needs a second for its remaining seeds."""
+    seeds_of: dict[str, list[str]] = {}
+    for value, seed in pending:
+        seeds_of.setdefault(value, []).append(seed)
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for value, seeds in seeds_of.items():
+        groups.setdefault(tuple(seeds), []).append(value)
+    return [(tuple(values), seeds) for seeds, values in groups.items()]
+
+
+def multirun_command(python: str, panel: Panel, values: Sequence[str], seeds: Sequence[str], args) -> list[str]:
+    return [python, str(ROOT / "jobs" / "train.py"), "-m", f"ablation={panel.name}", f"experiment={args.experiment}",
+            "hydra/launcher=local_slurm", f"hydra.launcher.tasks_per_node={args.ranks}",
+            f"hydra.launcher.array_parallelism={args.parallel}", f"hydra.sweep.dir={args.runs / panel.name}",
+            f"pipeline.max_versions={panel.versions}", f"{panel.key}={','.join(values)}", f"seed={','.join(seeds)}",
+            *args.overrides]
+
+
+def running_members(sweep_dir: Path, versions: int) -> list[str]:
+    """Run directories that have started (a metrics.h5) and not finished."""
+    running = []
+    for run_dir in sorted(p for p in sweep_dir.glob("*") if p.is_dir() and RunLayout(p).metrics.is_file()):
+        summary = RunLayout(run_dir).summary
+        if not (summary.is_file() and is_finished(json.loads(summary.read_text()), versions)):
+            running.append(run_dir.name)
+    return running
+
+
+def watch(process: subprocess.Popen, panel: Panel, sweep_dir: Path, done_elsewhere: int, total: int,
+          poll_s: float = 10.0) -> int:
+    """Wait for a multirun, printing a line whenever the panel's finished or running members change."""
+    last = None
+    while True:
+        code = process.poll()
+        finished = len(finished_members(panel, sweep_dir))
+        running = running_members(sweep_dir, panel.versions)
+        line = (f"[{time.strftime('%H:%M:%S')}] {panel.name}: {finished}/{len(panel.members)} finished; "
+                f"running {', '.join(running) or '(none)'}; "
+                f"{total - done_elsewhere - finished} of {total} members remain in all")
+        if (finished, running) != last:
+            print(line, flush=True)
+            last = (finished, running)
+        if code is not None:
+            return code
+        time.sleep(poll_s)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=Path, required=True, help="one sweep directory per panel is made under it")
+    p.add_argument("--panels", nargs="+", default=list(PANELS), choices=PANELS)
+    p.add_argument("--experiment", default="figure5", help="the member's preset, conf/experiment/<name>.yaml")
+    p.add_argument("--seeds", nargs="+", help="seeds of every value (default: the ablation config's)")
+    p.add_argument("--versions", type=int, default=250, help="pipeline.max_versions of the staleness and reuse "
+                   "members (default 250)")
+    p.add_argument("--batch-versions", type=int, help="pipeline.max_versions of the batch-size members (default: "
+                   "half of --versions)")
+    p.add_argument("--parallel", type=int, default=1, help="members running at once (Slurm array parallelism)")
+    p.add_argument("--ranks", type=int, default=6, help="MPI ranks per member: the preset's topology world size")
+    p.add_argument("--dry-run", action="store_true", help="print the multiruns, launch nothing")
+    p.add_argument("overrides", nargs="*", help="further config overrides for every member (key=value)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.runs = args.runs.resolve()  # the multiruns run in the checkout's root
+    batch_versions = args.batch_versions or max(1, args.versions // 2)
+    if args.parallel < 1 or args.versions < 1 or batch_versions < 1:
+        raise SystemExit("--parallel, --versions and --batch-versions must be >= 1")
+    panels = []
+    for name in args.panels:
+        panel = read_panel(name)
+        panels.append(replace(panel, seeds=tuple(args.seeds) if args.seeds else panel.seeds,
+                              versions=batch_versions if name == "batch_size" else args.versions))
+    done = {p.name: finished_members(p, args.runs / p.name) for p in panels}
+    total = sum(len(p.members) for p in panels)
+    skipped = sum(len(d) for d in done.values())
+    print(f"{total} members in {len(panels)} panel(s): {skipped} finished (skipped), {total - skipped} to run, "
+          f"{args.parallel} at a time", flush=True)
+    for panel in panels:
+        sweep_dir = args.runs / panel.name
+        done[panel.name] = finished_members(panel, sweep_dir)
+        pending = [m for m in panel.members if m not in done[panel.name]]
+        print(f"== {panel.name} ({panel.key}, {panel.versions} versions): {len(panel.members) - len(pending)}/"
+              f"{len(panel.members)} finished, {len(pending)} to run", flush=True)
+        done_elsewhere = sum(len(d) for name, d in done.items() if name != panel.name)
+        for values, seeds in launch_groups(pending):
+            command = multirun_command(sys.executable, panel, values, seeds, args)
+            print("$ " + " ".join(command), flush=True)
+            if args.dry_run:
+                continue
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            # Hydra's and submitit's output (a line per status poll) goes to a log; the progress lines stay readable.
+            log = sweep_dir / "multirun.log"
+            with open(log, "a") as out, subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT) \
+                    as process:
+                code = watch(process, panel, sweep_dir, done_elsewhere, total)
+            if code != 0:
+                print(f"the {panel.name} multirun failed (exit {code}, output in {log}); run again to resume",
+                      file=sys.stderr)
+                return code
+        done[panel.name] = finished_members(panel, sweep_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
