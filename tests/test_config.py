@@ -92,14 +92,15 @@ def test_experiment_preset_composes_across_groups():
 def test_every_experiment_preset_builds(preset):
     """A preset is checked when it is used: one that sets a schedule's end without its kind, say, fails here."""
     cfg = _compose(f"experiment={preset}")
-    if preset == "moba_kickstart":  # what `make train` runs: the scripted bot teaches every step at weight 1
-        assert (cfg.env.teacher, cfg.env.vs_scripted_fraction, cfg.ppo.kickstart_coef(0),
-                cfg.ppo.kickstart_coef(10**6)) == ("scripted", 1.0, 1.0, 1.0)
+    if preset == "moba_kickstart":  # what `make train` runs: the scripted bot teaches, at a weight fading to 0
+        assert (cfg.env.teacher, cfg.env.vs_scripted_fraction, cfg.ppo.kickstart_coef(0), cfg.ppo.kickstart_coef(50),
+                cfg.ppo.kickstart_coef(100), cfg.ppo.lam, cfg.ppo.entropy_coef(0),
+                cfg.pipeline.segments_per_batch) == ("scripted", 1.0, 1.0, 0.5, 0.0, 0.8, 0.0, 4)
 
 
 def test_a_bad_schedule_is_named():
     with pytest.raises(ValueError, match="ppo.kickstart_coef: a constant schedule"):
-        _compose("experiment=moba_kickstart", "ppo.kickstart_coef.end=0.0")
+        _compose("experiment=moba_kickstart", "ppo.kickstart_coef.kind=constant")
 
 
 def test_bad_config_from_the_command_line_fails_before_mpi_starts(tmp_path):
