@@ -51,6 +51,12 @@ def test_array_layout_rejects_bad_input_naming_it():
         layout.pack({"b": np.zeros(2, np.float32)})
     with pytest.raises(ValueError, match=">= 8 bytes"):
         layout.unpack(np.zeros(4, np.uint8))
+    with pytest.raises(TypeError, match="float64.*float32"):  # a field's dtype is exact: no silent cast
+        layout.pack({"a": np.zeros(2, np.float64)})
+    lent = layout.pack({"a": np.ones(2, np.float32)})
+    lent.flags.writeable = False
+    view = layout.unpack(lent)["a"]  # a read-only payload (the ring's lent slots) gives read-only fields
+    assert not view.flags.writeable and np.shares_memory(view, lent)
 
 
 def test_checksum_detects_a_torn_payload():

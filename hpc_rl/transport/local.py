@@ -236,6 +236,8 @@ class _RingState(_Shared):
     def __init__(self, ring: RingConfig) -> None:
         super().__init__()
         self.memory = np.empty((ring.slots, align(ring.slot_bytes)), np.uint8)
+        # Free slots, the one released last at the right: a writer takes that one (LIFO), still warm in the caches,
+        # and a run that keeps few segments in flight touches few of the slots (each is a whole segment's bytes).
         self.free = deque(range(ring.slots))
         self.ready: dict[int, int] = {}  # ticket -> slot, of the segments put and not yet taken
         self.headers: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)] * ring.slots  # writer, seq, nbytes, checksum
@@ -291,7 +293,7 @@ class LocalExperienceRing(_LocalChannel, ExperienceRing):
         while True:
             with self.state as s:
                 if s.free:
-                    slot = s.free.popleft()
+                    slot = s.free.pop()
                 elif s.ready and self.config.full_policy == "drop_oldest":
                     slot = s.ready.pop(min(s.ready))
                     self.drops.append(s.headers[slot][:2])
