@@ -11,7 +11,8 @@ import yaml
 
 from hpc_rl.reproduce import Panel, finished_members, is_finished, launch_groups, main, read_panel
 
-pytestmark = pytest.mark.light  # no MPI, no Slurm: --dry-run launches nothing
+# The tests marked light run in the base install tier (scripts/light_tier_check.sh); the others read the checkout's
+# conf/ablation (not installed with the package) or import the cluster tier's launcher.
 
 
 def member_dir(sweep: Path, name: str, queue, seed, summary: dict | None) -> None:
@@ -33,6 +34,7 @@ def test_read_panel_takes_the_ablation_configs():
         read_panel("nope")
 
 
+@pytest.mark.light
 def test_is_finished():
     assert is_finished({"state": "finished", "version": 250}, 250)
     assert is_finished({"state": "finished", "version": 300}, 250)
@@ -42,6 +44,7 @@ def test_is_finished():
     assert not is_finished(None, 250)
 
 
+@pytest.mark.light
 def test_finished_members_read_each_run_directory(tmp_path):
     panel = Panel("staleness", "pipeline.staleness_queue", ("0", "2", "8"), ("3", "4"), versions=250)
     member_dir(tmp_path, "queue0-seed3", 0, 3, {"state": "finished", "version": 250})
@@ -55,6 +58,7 @@ def test_finished_members_read_each_run_directory(tmp_path):
     assert finished_members(panel, tmp_path / "not_started") == set()
 
 
+@pytest.mark.light
 def test_launch_groups_cover_the_pending_members_exactly():
     panel = Panel("staleness", "pipeline.staleness_queue", ("0", "2", "8"), ("3", "4", "5"))
     assert launch_groups(panel.members) == [(("0", "2", "8"), ("3", "4", "5"))]  # a fresh panel: one multirun
