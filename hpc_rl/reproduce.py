@@ -189,7 +189,6 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.parallel} at a time", flush=True)
     for panel in panels:
         sweep_dir = args.runs / panel.name
-        done[panel.name] = finished_members(panel, sweep_dir)
         pending = [m for m in panel.members if m not in done[panel.name]]
         print(f"== {panel.name} ({panel.key}, {panel.versions} versions): {len(panel.members) - len(pending)}/"
               f"{len(panel.members)} finished, {len(pending)} to run", flush=True)
