@@ -96,7 +96,9 @@ def permutation_p(slower: Sequence[float | None], faster: Sequence[float | None]
     if np.isnan(a).any() or np.isnan(b).any():
         raise ValueError("versions to a threshold must be numbers or None, got NaN")
     pooled = np.concatenate([a, b])
-    ranks = _midranks(pooled)
+    from scipy.stats import rankdata  # here: the training roles import this module, and need no scipy.stats
+
+    ranks = rankdata(pooled)  # tied values share the mean of their ranks (inf ties with inf)
     observed = ranks[:a.size].sum()
     n, k = pooled.size, a.size
     if math.comb(n, k) <= exact_limit:
@@ -108,18 +110,3 @@ def permutation_p(slower: Sequence[float | None], faster: Sequence[float | None]
     picks = np.argsort(rng.random((draws, n)), axis=1)[:, :k]
     hits = int(np.sum(ranks[picks].sum(axis=1) >= observed))
     return (1 + hits) / (1 + draws)
-
-
-def _midranks(values: np.ndarray) -> np.ndarray:
-    """Ranks 1..n, tied values sharing the mean of the ranks they span (inf ties with inf)."""
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(values.size)
-    sorted_values = values[order]
-    start = 0
-    while start < values.size:
-        end = start
-        while end + 1 < values.size and sorted_values[end + 1] == sorted_values[start]:
-            end += 1
-        ranks[order[start:end + 1]] = (start + end) / 2 + 1
-        start = end + 1
-    return ranks
