@@ -15,6 +15,11 @@ and resumes from its latest checkpoint. The rest run as few multiruns as cover t
 sharing the same pending seeds), ``--parallel`` members at once. While a multirun runs, a line says which members
 are running and how many of the whole reproduction remain.
 
+Stopping: SIGINT (Ctrl-C), SIGTERM or SIGHUP to the driver ends its multirun and cancels the Slurm jobs it
+submitted (a member commits a checkpoint when cancelled and resumes from it at the next sitting). A driver killed
+outright (SIGKILL) cannot do that; the next one finds the earlier sitting's jobs still queued or running and refuses
+to launch their members a second time, naming the jobs.
+
 Versions: ``--versions`` for the staleness and reuse members, ``--batch-versions`` (default half as many) for the
 batch-size members. A version of a batch k times larger costs k times the env steps, and larger batches need fewer
 versions (what Figure 5a measures), so the batch panel's budget is cut to keep its cost near the other two panels'
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -34,10 +40,12 @@ from pathlib import Path
 
 import yaml
 
+from hpc_rl.slurm import active_jobs, cancel, submitted_jobs
 from hpc_rl.storage.layout import RunLayout
 
 ROOT = Path(__file__).resolve().parent.parent
 PANELS = ("batch_size", "staleness", "reuse")  # Figure 5a, 5b, 5c
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,32 @@ def watch(process: subprocess.Popen, panel: Panel, sweep_dir: Path, done_elsewhe
         time.sleep(poll_s)
 
 
+class Stopped(Exception):
+    """The driver was told to stop by a signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+def stop_multirun(process: subprocess.Popen, submitit_dir: Path, earlier: set[str], grace_s: float = 30.0) -> list[str]:
+    """End a multirun and cancel the jobs it submitted (their folders in ``submitit_dir`` not in ``earlier``);
+    returns the cancelled job ids. The multirun goes first, so it submits nothing after the folders are read."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    jobs = submitted_jobs(submitit_dir, earlier)
+    cancel(jobs)
+    return jobs
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=Path, required=True, help="one sweep directory per panel is made under it")
@@ -187,6 +221,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     skipped = sum(len(d) for d in done.values())
     print(f"{total} members in {len(panels)} panel(s): {skipped} finished (skipped), {total - skipped} to run, "
           f"{args.parallel} at a time", flush=True)
+    if not args.dry_run:
+        for panel in panels:  # a sitting ended by SIGKILL leaves its jobs behind: they would run members twice
+            earlier = active_jobs(submitted_jobs(args.runs / panel.name / ".submitit"))
+            if earlier:
+                raise SystemExit(f"Slurm jobs of an earlier sitting are still queued or running in {panel.name}: "
+                                 f"{' '.join(earlier)}. Wait for them or cancel them (scancel {' '.join(earlier)}), "
+                                 f"then run again.")
+    handlers = {signum: signal.signal(signum, _stop) for signum in STOP_SIGNALS}
+    try:
+        return run_panels(panels, done, total, args)
+    except Stopped as stop:  # between multiruns: nothing of this sitting is in Slurm
+        print(f"stopped by {stop}; run again to resume", file=sys.stderr, flush=True)
+        return 128 + stop.signum
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def run_panels(panels: list[Panel], done: dict[str, set], total: int, args) -> int:
+    """Launch the pending members panel by panel; the exit code of the first multirun that failed, else 0."""
     for panel in panels:
         sweep_dir = args.runs / panel.name
         pending = [m for m in panel.members if m not in done[panel.name]]
@@ -199,11 +253,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.dry_run:
                 continue
             sweep_dir.mkdir(parents=True, exist_ok=True)
+            submitit_dir = sweep_dir / ".submitit"
+            earlier = {p.name for p in submitit_dir.iterdir()} if submitit_dir.is_dir() else set()
             # Hydra's and submitit's output (a line per status poll) goes to a log; the progress lines stay readable.
             log = sweep_dir / "multirun.log"
             with open(log, "a") as out, subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT) \
                     as process:
-                code = watch(process, panel, sweep_dir, done_elsewhere, total)
+                try:
+                    code = watch(process, panel, sweep_dir, done_elsewhere, total)
+                except Stopped as stop:
+                    for signum in STOP_SIGNALS:  # a second Ctrl-C must not interrupt the cleanup
+                        signal.signal(signum, signal.SIG_IGN)
+                    jobs = stop_multirun(process, submitit_dir, earlier)
+                    print(f"stopped by {stop}: ended the {panel.name} multirun and cancelled its Slurm jobs "
+                          f"({' '.join(jobs) or 'none submitted yet'}); run again to resume", file=sys.stderr,
+                          flush=True)
+                    return 128 + stop.signum
             if code != 0:
                 print(f"the {panel.name} multirun failed (exit {code}, output in {log}); run again to resume",
                       file=sys.stderr)

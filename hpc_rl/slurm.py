@@ -6,6 +6,8 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Iterable
+from pathlib import Path
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
                    "BOOT_FAIL", "DEADLINE"}
@@ -45,6 +47,40 @@ def wait_for_jobs(job_ids: list[str], timeout: float, poll: float = 0.5) -> dict
             raise TimeoutError(f"Slurm jobs still not finished after {timeout:.0f}s: {running}")
         time.sleep(poll)
         poll = min(poll * 1.5, 5.0)
+
+
+def task_folders(submitit_dir: Path, earlier: set[str] = frozenset()) -> list[str]:
+    """The job folders submitit made in ``submitit_dir``, those named in ``earlier`` left out: one per array task
+    ("<job>_<task>"; the array's own "<job>" folder then holds nothing of a member), or one for a single job."""
+    folders = sorted(p.name for p in submitit_dir.iterdir() if p.is_dir() and p.name not in earlier) \
+        if submitit_dir.is_dir() else []
+    return [name for name in folders if "_" in name] or folders
+
+
+def submitted_jobs(submitit_dir: Path, earlier: set[str] = frozenset()) -> list[str]:
+    """The job ids (an array's own id once) of the folders ``task_folders`` names."""
+    return sorted({name.split("_")[0] for name in task_folders(submitit_dir, earlier)})
+
+
+def active_jobs(job_ids: Iterable[str]) -> list[str]:
+    """Those of ``job_ids`` with a task not yet in a terminal state. A job slurmctld has forgotten (MinJobAge) has
+    ended long ago: it is not active."""
+    active = []
+    for job in job_ids:
+        try:
+            states = job_states(job)
+        except RuntimeError:
+            continue
+        if any(state not in TERMINAL_STATES for state in states.values()):
+            active.append(job)
+    return active
+
+
+def cancel(job_ids: Iterable[str]) -> None:
+    """``scancel`` the jobs (every task of an array job); one that has ended already is no error."""
+    job_ids = list(job_ids)
+    if job_ids:
+        subprocess.run(["scancel", *job_ids], capture_output=True, timeout=30)
 
 
 class RequeueError(RuntimeError):

@@ -1,18 +1,28 @@
 """`make reproduce`'s driver (hpc_rl/reproduce.py): which members are finished and skipped, and the multiruns that
-cover the rest exactly, on real run directories (config.yaml and summary.json as a job writes them)."""
+cover the rest exactly, on real run directories (config.yaml and summary.json as a job writes them); and, on the
+local Slurm cluster, what stopping it does to the jobs it submitted."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from hpc_rl.reproduce import Panel, finished_members, is_finished, launch_groups, main, read_panel
+from hpc_rl.launch import rank_env
+from hpc_rl.reproduce import Panel, finished_members, is_finished, launch_groups, main, read_panel, running_members
+from hpc_rl.slurm import active_jobs, job_states, submitted_jobs, task_folders, wait_for_jobs
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # The tests marked light run in the base install tier (scripts/light_tier_check.sh); the others read the checkout's
-# conf/ablation (not installed with the package) or import the cluster tier's launcher.
+# conf/ablation (not installed with the package) or need the local Slurm cluster.
 
 
 def member_dir(sweep: Path, name: str, queue, seed, summary: dict | None) -> None:
@@ -93,18 +103,98 @@ def test_dry_run_skips_finished_members(tmp_path, capsys):
     assert "pipeline.max_versions=20 pipeline.segments_per_batch=1,2,4,8 seed=3" in capsys.readouterr().out
 
 
-def test_failed_member_watchdog_ignores_earlier_jobs(tmp_path):
+@pytest.mark.light
+def test_task_folders_leave_out_earlier_jobs(tmp_path):
     # A resumed sweep launches into a directory whose .submitit/ holds an earlier, cancelled array (tasks 4 and 5
-    # never ran, so they left no result): the watchdog of the new launch must watch its own job only.
-    launcher = pytest.importorskip("hydra_plugins.hpc_rl_launcher.checked_launcher")  # the cluster install tier
+    # never ran, so they left no result): the failed-member watchdog and the driver's cancel see this launch's only.
     for name in ("340", "340_0", "340_4", "340_5"):
         (tmp_path / name).mkdir()
     (tmp_path / "multirun.yaml").write_text("")
     earlier = {p.name for p in tmp_path.iterdir()}
     for name in ("345", "345_0", "345_1"):
         (tmp_path / name).mkdir()
-    assert launcher.task_folders(tmp_path, earlier) == ["345_0", "345_1"]
-    assert launcher.task_folders(tmp_path, set())[:3] == ["340_0", "340_4", "340_5"]
+    assert task_folders(tmp_path, earlier) == ["345_0", "345_1"]
+    assert submitted_jobs(tmp_path, earlier) == ["345"]
+    assert task_folders(tmp_path, set())[:3] == ["340_0", "340_4", "340_5"]
+    assert submitted_jobs(tmp_path) == ["340", "345"]
     (tmp_path / "346").mkdir()  # a single job (no array): its own folder
-    assert launcher.task_folders(tmp_path, earlier | {"345", "345_0", "345_1"}) == ["346"]
-    assert launcher.task_folders(tmp_path / "absent", set()) == []
+    assert task_folders(tmp_path, earlier | {"345", "345_0", "345_1"}) == ["346"]
+    assert task_folders(tmp_path / "absent", set()) == []
+
+
+def _driver(runs: Path, *extra: str) -> subprocess.Popen:
+    """``make reproduce``'s driver on one staleness seed whose members would run far longer than the test."""
+    return subprocess.Popen([sys.executable, "-m", "hpc_rl.reproduce", "--runs", str(runs), "--panels", "staleness",
+                             "--seeds", "9", "--versions", "100000", "pipeline.checkpoint_every=2", *extra],
+                            cwd=ROOT, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # signalled alone, as by kill or a scheduler, not as a group
+
+
+def _member_running(runs: Path, driver: subprocess.Popen, timeout: float = 300) -> tuple[str, int]:
+    """Wait until a member of the driver's multirun has started its job (its run directory's meta.json written
+    since the driver started); return the multirun's Slurm job id and the multirun's pid."""
+    sweep, started = runs / "staleness", time.time()
+    earlier = set(submitted_jobs(sweep / ".submitit"))
+    deadline, poll = time.monotonic() + timeout, 0.5
+    while not any(meta.stat().st_mtime >= started for meta in sweep.glob("*/meta.json")):
+        assert driver.poll() is None, driver.communicate()
+        assert time.monotonic() < deadline, "no member started"
+        time.sleep(poll)
+        poll = min(poll * 1.5, 5.0)
+    jobs = [job for job in submitted_jobs(sweep / ".submitit") if job not in earlier]
+    children = subprocess.run(["pgrep", "-P", str(driver.pid)], capture_output=True, text=True).stdout.split()
+    assert len(jobs) == 1 and len(children) == 1, (jobs, children)
+    return jobs[0], int(children[0])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_stopped_driver_cancels_its_jobs_and_a_killed_ones_are_not_launched_twice(slurm_cluster, tmp_path):
+    runs = tmp_path / "runs"
+    # SIGKILL: the driver cannot clean up. Its multirun and the array job live on; the next driver must not launch
+    # their members a second time beside them.
+    first = _driver(runs)
+    try:
+        job, multirun = _member_running(runs, first)
+    finally:
+        first.kill()
+        first.communicate(timeout=30)
+    try:
+        second = _driver(runs)
+        out, err = second.communicate(timeout=120)
+        assert second.returncode != 0
+        assert f"still queued or running in staleness: {job}" in err and f"scancel {job}" in err, err
+        assert active_jobs([job]) == [job]  # the refusal cancels nothing either
+    finally:
+        os.kill(multirun, signal.SIGTERM)
+        subprocess.run(["scancel", job], timeout=30)
+    assert set(wait_for_jobs([job], timeout=120).values()) == {"CANCELLED"}
+
+    # SIGTERM: the driver ends its multirun and cancels its own job; the member's run is left to resume.
+    third = _driver(runs)
+    try:
+        job, multirun = _member_running(runs, third)
+        third.send_signal(signal.SIGTERM)
+        out, err = third.communicate(timeout=120)
+    finally:
+        third.kill()
+    assert third.returncode == 128 + signal.SIGTERM, (out, err)
+    assert f"stopped by SIGTERM: ended the staleness multirun and cancelled its Slurm jobs ({job})" in err, err
+    assert not _alive(multirun)
+    assert set(wait_for_jobs([job], timeout=120).values()) == {"CANCELLED"}, job_states(job)
+    assert active_jobs(submitted_jobs(runs / "staleness" / ".submitit")) == []
+    started = running_members(runs / "staleness", 100000)
+    assert started, "the cancelled member's run directory is left unfinished, to resume"
+    dry = subprocess.run([sys.executable, "-m", "hpc_rl.reproduce", "--runs", str(runs), "--panels", "staleness",
+                          "--seeds", "9", "--versions", "100000", "--dry-run"], cwd=ROOT, env=rank_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert "0 finished (skipped), 3 to run" in dry.stdout, dry.stdout

@@ -88,7 +88,7 @@ class FailedMemberWatchdog(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        from hpc_rl.slurm import TERMINAL_STATES, job_states
+        from hpc_rl.slurm import TERMINAL_STATES, job_states, task_folders
 
         while not self.stop.wait(self.poll_s):
             tasks = [self.dir / name for name in task_folders(self.dir, self.earlier)]
@@ -106,11 +106,3 @@ class FailedMemberWatchdog(threading.Thread):
                 print(f"sweep members ended without a result: {names}", file=sys.stderr, flush=True)
                 _thread.interrupt_main()
             return
-
-
-def task_folders(submitit_dir: Path, earlier: set[str]) -> list[str]:
-    """The job folders submitit made in ``submitit_dir``, those named in ``earlier`` left out: one per array task
-    ("<job>_<task>"; the array's own "<job>" folder then holds nothing of a member), or one for a single job."""
-    folders = sorted(p.name for p in submitit_dir.iterdir() if p.is_dir() and p.name not in earlier) \
-        if submitit_dir.is_dir() else []
-    return [name for name in folders if "_" in name] or folders
