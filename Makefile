@@ -31,12 +31,13 @@ test-fast: setup
 test-light:
 	bash scripts/light_tier_check.sh
 
-# The default local job: 6 ranks (1 controller, 2 env, 1 inference, 2 learners) on MOBA 1v1 for at most 10 minutes,
-# then a replay of its latest checkpoint against the scripted bot in $(RUNS_DIR)/$(RUN)/replay.gif (MOBA runs only: the
+# The default local job: 5 ranks (1 controller, 2 env, 1 inference, 1 learner: the preset's topology) on MOBA 1v1 for
+# at most 10 minutes, then a replay of its latest checkpoint against the scripted bot in $(RUNS_DIR)/$(RUN)/replay.gif (MOBA runs only: the
 # leading '-' lets a Gymnasium run, which has no replay, end the target without failing it).
-TRAIN_RANKS ?= 6
+TRAIN_RANKS ?= 5
 # The MOBA's training preset: every copy against the scripted bot, kickstarted by it (conf/experiment/moba_kickstart.yaml;
-# the plain defaults win none of 100 games after 10 minutes; docs/envs.md). TRAIN_PRESET= trains with the plain defaults.
+# the plain defaults win none of 100 games after 10 minutes; docs/envs.md). `TRAIN_PRESET= TRAIN_RANKS=6` trains with
+# the plain defaults (their topology has 2 learners).
 TRAIN_PRESET ?= experiment=moba_kickstart
 TRAIN_ARGS ?= pipeline.max_versions=5000 pipeline.max_seconds=600
 RUNS_DIR ?= runs

@@ -48,6 +48,18 @@ def test_e2e_pipeline_and_serial_runner_do_equal_work():
     assert serial.topology.world_size == 4 and serial.env.num_envs == pipeline.env.num_envs * pipeline.topology.env
 
 
+def test_e2e_make_trains_job_and_the_default_job_do_the_same_training_work():
+    # The bench's default MOBA job is make train's (one learner, 8 segments); its serial side does its work, and
+    # the batch and gradient steps are the default job's (two learners, 4 segments each).
+    pipeline = e2e.pipeline_config(["experiment=moba_kickstart", "pipeline.max_versions=30"])
+    sides = e2e.equal_work(pipeline, e2e.serial_config(pipeline))
+    default = e2e.work(_bench_configs()[0])
+    assert pipeline.topology.learner == 1 and pipeline.topology.world_size == 5
+    assert all(sides["serial"][k] == default[k] for k in ("samples_per_update", "gradient_steps_per_epoch",
+                                                          "global_minibatch", "env_copies", "model"))
+    assert sides["serial"]["epochs"] == 2 and sides["serial"]["vs_scripted_share"] == 1.0
+
+
 @pytest.mark.parametrize("change, field", [
     (lambda c: dataclasses.replace(c, pipeline=dataclasses.replace(c.pipeline, segments_per_batch=1)),
      "samples_per_update"),

@@ -94,8 +94,11 @@ def test_every_experiment_preset_builds(preset):
     cfg = _compose(f"experiment={preset}")
     if preset == "moba_kickstart":  # what `make train` runs: the scripted bot teaches, at a weight fading to 0
         assert (cfg.env.teacher, cfg.env.vs_scripted_fraction, cfg.ppo.kickstart_coef(0), cfg.ppo.kickstart_coef(50),
-                cfg.ppo.kickstart_coef(100), cfg.ppo.lam, cfg.ppo.entropy_coef(0),
-                cfg.pipeline.segments_per_batch) == ("scripted", 1.0, 1.0, 0.5, 0.0, 0.8, 0.0, 4)
+                cfg.ppo.kickstart_coef(100), cfg.ppo.lam, cfg.ppo.entropy_coef(0), cfg.topology.learner,
+                cfg.pipeline.segments_per_batch) == ("scripted", 1.0, 1.0, 0.5, 0.0, 0.8, 0.0, 1, 8)
+        # 8,192 samples a version, as the default job's 2 learners x 4 segments, on the 5 ranks make train starts
+        assert cfg.topology.world_size == 5 and cfg.topology.learner * cfg.pipeline.segments_per_batch * \
+            cfg.env.num_envs * cfg.pipeline.segment_len * cfg.env.agents_per_copy == 8192
 
 
 def test_a_bad_schedule_is_named():

@@ -3,8 +3,9 @@ job on CartPole.
 
     python -m hpc_rl.bench e2e --json
 
-- MOBA 1v1: the default local job (jobs/train.py on 6 ranks: controller, 2 env, 1 inference, 2 learners,
-  oversubscribed) for ``--moba-versions`` versions, then the serial runner (the same roles in one process) on the
+- MOBA 1v1: the job `make train` runs (jobs/train.py with ``--moba-preset``, default ``moba_kickstart``: 5 ranks,
+  controller, 2 env, 1 inference, 1 learner, oversubscribed; ``none``: the plain default job, 6 ranks with 2
+  learners) for ``--moba-versions`` versions, then the serial runner (the same roles in one process) on the
   same work for the same number of versions. The serial side's config is the job's with its topology collapsed to
   one rank per role (``serial_config``): all 16 copies on one env worker and as many segments per update as the
   learners take together. ``work`` derives what each side computes from its config; the bench refuses to run when
@@ -46,6 +47,8 @@ CARTPOLE_SEED = REPORT_SEEDS[0]
 
 def add_arguments(parser) -> None:
     parser.add_argument("--moba-versions", type=int, default=30)
+    parser.add_argument("--moba-preset", default="moba_kickstart",
+                        help="conf/experiment preset of the MOBA job (default: make train's); none: the default job")
     parser.add_argument("--cartpole-versions", type=int, default=400)
     parser.add_argument("--async-actions", action="store_true",
                         help="pipeline.async_actions=true in both jobs and the serial runner")
@@ -195,10 +198,12 @@ def run(args) -> dict:
     no_eval = ["pipeline.final_eval_games=0"]  # a job's wall time is its training, as the serial runner's
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp)
-        moba_overrides = [f"pipeline.max_versions={args.moba_versions}", *offset]
+        preset = [] if args.moba_preset == "none" else [f"experiment={args.moba_preset}"]
+        moba_overrides = [*preset, f"pipeline.max_versions={args.moba_versions}", *offset]
         moba_config = pipeline_config(["run_name=moba", f"runs_dir={runs}", *moba_overrides])
         serial = serial_config(moba_config)
-        out: dict = {"async_actions": bool(args.async_actions), "work": equal_work(moba_config, serial)}
+        out: dict = {"async_actions": bool(args.async_actions), "moba_preset": args.moba_preset,
+                     "moba_ranks": moba_config.topology.world_size, "work": equal_work(moba_config, serial)}
 
         moba = _run_job(runs, "moba", [*moba_overrides, *no_eval], timeout=3600)
         out.update({f"moba_{k}": v for k, v in moba.items()})
