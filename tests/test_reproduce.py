@@ -175,7 +175,7 @@ def test_a_stopped_driver_cancels_its_jobs_and_a_killed_ones_are_not_launched_tw
         assert f"still queued or running in staleness: {job}" in err and f"scancel {job}" in err, err
         assert active_jobs([job]) == [job]  # the refusal cancels nothing either
     finally:
-        os.kill(multirun, signal.SIGTERM)
+        os.kill(multirun, signal.SIGKILL)  # the orphaned multirun: nothing of the test may outlive it
         subprocess.run(["scancel", job], timeout=30)
     assert set(wait_for_jobs([job], timeout=120).values()) == {"CANCELLED"}
 
