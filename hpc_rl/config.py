@@ -130,7 +130,9 @@ class PipelineConfig:
     """How the distributed roles cooperate: segments, batches, data quality controls, publishing, stopping."""
 
     segment_len: int = 64  # steps per segment (64-256: GAE needs far more than 1/(1-λ) steps)
-    segments_per_batch: int = 4  # segments in one learner's batch (the global batch is this × learners)
+    # Segments in one learner's batch (the global batch is this × learners): 2 of 8 copies × 64 steps, 1,024 env steps
+    # per update, as many updates per env step as the learning defaults' 10 epochs need (docs/LEARNING.md).
+    segments_per_batch: int = 2
     staleness_queue: int = 0  # hold segments back this many versions (OpenAI Five's queue length ablation)
     # Samples consumed / produced the learners keep to (consumed counts every PPO epoch); None: ppo.epochs, i.e. every
     # sample feeds one update (on-policy PPO), whatever the epochs. A lower value throttles the learners: with

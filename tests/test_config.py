@@ -30,10 +30,11 @@ def test_a_gymnasium_env_on_the_default_job_gets_the_default_learning_settings()
     """conf/train.yaml keeps the MOBA's learning settings for env.name=moba only (``${moba:A,B}``); its B side must be
     the dataclass default, or `env.name=gym:<id>` would run settings nobody measured."""
     gym, default = _compose("env.name=gym:Acrobot-v1"), TrainConfig()
-    assert (gym.model, gym.ppo, gym.pipeline.target_reuse) == (default.model, default.ppo, default.pipeline.target_reuse)
+    assert (gym.model, gym.ppo, gym.pipeline.target_reuse, gym.pipeline.segments_per_batch) == \
+        (default.model, default.ppo, default.pipeline.target_reuse, default.pipeline.segments_per_batch)
     moba = _compose()
     assert (moba.model.core, moba.ppo.lr(0), moba.ppo.entropy_coef(0), moba.ppo.gamma(0), moba.ppo.value_norm,
-            moba.target_reuse) == ("lstm", 3e-4, 0.01, 0.995, False, 1.0)
+            moba.target_reuse, moba.pipeline.segments_per_batch) == ("lstm", 3e-4, 0.01, 0.995, False, 1.0, 4)
     assert _compose("env=moba_5v5").model.core == "lstm"
     # A command-line override wins over either side.
     assert _compose("env.name=gym:Acrobot-v1", "ppo.epochs=3").target_reuse == 3
