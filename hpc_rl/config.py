@@ -6,6 +6,12 @@ dataclass validates its fields in ``__post_init__``; ``TrainConfig.__post_init__
 built, before any rank starts work or any job is submitted.
 
     cfg = build_config(hydra_cfg)      # DictConfig -> TrainConfig (raises ValueError naming the bad field)
+
+A schedule field (``Schedule``: ppo.lr, ppo.gamma, ...) takes a bare number for a constant: ``ppo.lr=1e-4`` is
+``ppo.lr.start=1e-4`` with kind constant, whatever schedule the composed config had there.
+
+A resumed run may change any setting but those that decide the shapes of its saved state (``SHAPE_KEYS``):
+``setting_changes`` compares the settings a checkpoint recorded with the new ones.
 """
 
 from __future__ import annotations
@@ -13,11 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, make_dataclass, replace
+from typing import Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from hpc_rl.algo.rewards import RewardConfig
+from hpc_rl.algo.schedules import KINDS, Schedule
 from hpc_rl.envs.api import VecEnv
 from hpc_rl.envs.moba_config import REWARD_EVENTS, MobaConfig
 from hpc_rl.model.config import ModelConfig
@@ -321,17 +330,6 @@ class TrainConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _writable(node: DictConfig) -> DictConfig:
-    """Structured configs of frozen dataclasses are read-only in OmegaConf, which would refuse Hydra's
-    command-line overrides; validation happens when ``build_config`` instantiates the dataclasses."""
-    node._set_flag("readonly", None)
-    for key in node.keys():
-        child = node._get_node(key)
-        if isinstance(child, DictConfig):
-            _writable(child)
-    return node
-
-
 def _if_moba(moba_value, other_value, *, _root_):
     """The ``${moba:A,B}`` resolver of conf/train.yaml: A when the composed job's env.name is "moba", else B. The
     MOBA keeps its own learning settings there while ``env.name=gym:<id>`` on the default job gets the defaults."""
@@ -343,28 +341,97 @@ def _register_resolvers() -> None:
         OmegaConf.register_new_resolver("moba", _if_moba)
 
 
+def _nested(cls: type, prefix: str = "") -> list[tuple[str, type]]:
+    """Every dataclass-typed field below ``cls`` as (dotted key, dataclass), deepest first (``ppo.lr`` before
+    ``ppo``), read from the type hints: a field added to a config is found without being listed here."""
+    found = []
+    for name, hint in get_type_hints(cls).items():
+        if is_dataclass(hint):
+            found += _nested(hint, f"{prefix}{name}.") + [(f"{prefix}{name}", hint)]
+    return found
+
+
+SCHEDULE_KEYS = tuple(key for key, cls in _nested(TrainConfig) if cls is Schedule)  # ppo.lr, ppo.gamma, ...
+
+
+def _untyped_schedules(cls: type) -> type:
+    """A copy of dataclass ``cls`` whose ``Schedule`` fields (also in nested dataclasses) are untyped, with the same
+    defaults, so that OmegaConf lets a bare number replace one."""
+    specs = []
+    for f in fields(cls):
+        hint = get_type_hints(cls)[f.name]
+        if hint is Schedule:
+            default = asdict(f.default_factory())
+            specs.append((f.name, Any, field(default_factory=lambda d=default: dict(d))))
+        elif is_dataclass(hint) and _schedule_keys_of(hint):
+            loose = _untyped_schedules(hint)
+            specs.append((f.name, loose, field(default_factory=loose)))
+        else:
+            kept = field(default=f.default) if f.default is not MISSING else field(default_factory=f.default_factory)
+            specs.append((f.name, hint, kept))
+    return make_dataclass(cls.__name__, specs)
+
+
+def _schedule_keys_of(cls: type) -> list[str]:
+    return [key for key, nested in _nested(cls) if nested is Schedule]
+
+
+def _writable(node: DictConfig) -> DictConfig:
+    """Structured configs of frozen dataclasses are read-only in OmegaConf, which would refuse Hydra's
+    command-line overrides; validation happens when ``build_config`` instantiates the dataclasses."""
+    node._set_flag("readonly", None)
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            _writable(child)
+    return node
+
+
+def _constant_schedules(cfg: DictConfig) -> None:
+    """Make every schedule given as a bare number a constant schedule (in place); refuse any other non-schedule."""
+    for key in SCHEDULE_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            OmegaConf.update(cfg, key, {"start": float(value), "end": None, "versions": 1, "kind": "constant"},
+                             merge=False)
+        elif value is not None and not isinstance(value, DictConfig):
+            raise ValueError(f"{key} must be a number (a constant) or a schedule {{start, end, versions, kind}} "
+                             f"with kind one of {KINDS}, got {value!r}")
+
+
 def register() -> None:
-    """Register the schema as ``train_schema`` in Hydra's ConfigStore (conf/train.yaml extends it)."""
+    """Register the schema as ``train_schema`` in Hydra's ConfigStore (conf/train.yaml extends it): TrainConfig's,
+    with untyped schedule fields so that a bare number may replace one on the command line or in a YAML file
+    (``build_config`` makes it a constant schedule and checks every field)."""
     from hydra.core.config_store import ConfigStore
 
     _register_resolvers()
-    ConfigStore.instance().store(name="train_schema", node=_writable(OmegaConf.structured(TrainConfig)))
+    schema = OmegaConf.structured(_untyped_schedules(TrainConfig))
+    ConfigStore.instance().store(name="train_schema", node=_writable(schema))
 
 
 def build_config(cfg: DictConfig | dict) -> TrainConfig:
-    """A validated TrainConfig from a composed Hydra config (extra keys such as ``hydra`` are ignored)."""
+    """A validated TrainConfig from a composed Hydra config (extra keys such as ``hydra`` are ignored). Every error
+    is a ValueError of one line naming the key."""
     _register_resolvers()
     if isinstance(cfg, dict):
         cfg = OmegaConf.create(cfg)
     schema = _writable(OmegaConf.structured(TrainConfig))
-    merged = OmegaConf.merge(schema, {k: v for k, v in cfg.items() if k in schema})
-    # A schedule's own checks know no field name: build each first, so that its error names the field.
-    for f in fields(PPOConfig):
-        if f.type == "Schedule":
-            try:
-                OmegaConf.to_object(merged.ppo[f.name])
-            except ValueError as e:
-                raise ValueError(f"ppo.{f.name}: {e}") from None
+    # Plain containers: Hydra's nodes are typed by the schema of ``register``, whose classes are not TrainConfig's.
+    given = OmegaConf.create({k: OmegaConf.to_container(v) if isinstance(v, DictConfig) else v
+                              for k, v in cfg.items() if k in schema})
+    _constant_schedules(given)
+    try:
+        merged = OmegaConf.merge(schema, given)
+    except OmegaConfBaseException as e:  # a wrong type or an unknown key
+        raise ValueError(f"{e.full_key}: {str(e.msg).splitlines()[0]}") from None
+    # The dataclasses' own checks do not all know where they sit: build the nested ones first, deepest first, so
+    # that an error names its key (``ppo.lr: a constant schedule ...``, ``ppo: lam must lie in [0, 1]``).
+    for key, _cls in _nested(TrainConfig):
+        try:
+            OmegaConf.to_object(OmegaConf.select(merged, key))
+        except ValueError as e:
+            raise ValueError(str(e) if str(e).startswith(f"{key}.") else f"{key}: {e}") from None
     return OmegaConf.to_object(merged)
 
 
