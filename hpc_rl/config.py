@@ -314,6 +314,10 @@ class TrainConfig:
         return (self.env.is_moba and self.league.past_fraction > 0
                 and self.env.scripted_copies() < self.env.num_envs)
 
+    def settings(self) -> dict[str, Any]:
+        """Every field as nested JSON values: what a checkpoint records and a resume compares (``setting_changes``)."""
+        return json.loads(json.dumps(asdict(self), default=str))
+
     def config_hash(self) -> str:
         """Hash of what changes the learning problem (not run_name, runs_dir or stopping limits)."""
         d = asdict(self)
@@ -328,6 +332,54 @@ class TrainConfig:
                     "fault_nonfinite_from_version", "inference_device", "learner_device"):
             d["pipeline"].pop(key)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# The settings that decide the shapes of a checkpoint's state (the network's parameters, and with them Adam's and
+# the gradient clip's moments; the observation and value normalisers) or the spaces it was trained on (the
+# environment: its observations' entities and features, its actions). A resumed run keeps them; it may change every
+# other setting. tests/test_resume.py holds this list against the learner's state and the environment's spec.
+SHAPE_KEYS = ("env.name", "env.moba.team_size", "env.moba.lanes", "env.moba.towers_per_lane", "env.moba.wave_melee",
+              "env.moba.wave_ranged", "env.moba.max_waves_alive", "model.core", "model.lstm_size", "model.embed_size",
+              "model.entity_pooling", "ppo.value_norm")
+# Where a run is and when it stops, not how it learns: never a change (a finished run is continued by raising
+# pipeline.max_versions).
+UNRECORDED_KEYS = ("run_name", "runs_dir", "pipeline.max_versions", "pipeline.max_seconds")
+
+
+class ResumeError(ValueError):
+    """A run directory this run cannot resume: its checkpoint's saved state does not fit the run's settings."""
+
+
+def flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as {dotted key: value} (``ppo.lr.start``, ``env.moba.reward_weights.win``)."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            flat.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def setting_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The settings that differ between ``old`` and ``new`` (``TrainConfig.settings()``), as (dotted key, old value,
+    new value) in key order, but for ``UNRECORDED_KEYS``; a key one side lacks (a setting added since) is None there."""
+    a, b = flat_settings(old), flat_settings(new)
+    return [(key, a.get(key), b.get(key)) for key in sorted(a.keys() | b.keys())
+            if key not in UNRECORDED_KEYS and a.get(key) != b.get(key)]
+
+
+def resumable_changes(old: dict[str, Any], new: dict[str, Any], source: str) -> list[tuple[str, Any, Any]]:
+    """The changes from the settings ``old`` that checkpoint ``source`` was trained with to a resumed run's ``new``;
+    raise ResumeError listing every change of a ``SHAPE_KEYS`` setting, which the saved state cannot take."""
+    changes = setting_changes(old, new)
+    refused = [f"{key}: {o!r} -> {n!r}" for key, o, n in changes if key in SHAPE_KEYS]
+    if refused:
+        raise ResumeError(f"cannot resume from {source}: these settings decide the shapes of its saved state or the "
+                          f"spaces it was trained on, and differ: {'; '.join(refused)}. Shape-changing changes need a "
+                          f"new run (another run_name) or a surgery of the checkpoint; every other setting may change "
+                          f"on resume")
+    return changes
 
 
 def _if_moba(moba_value, other_value, *, _root_):

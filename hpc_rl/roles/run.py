@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from hpc_rl.config import TrainConfig
+from hpc_rl.config import ResumeError, TrainConfig
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.roles.allreduce import make_allreduce
 from hpc_rl.roles.common import Backoff, StopFlag, open_channels, setup_logging
@@ -49,10 +49,10 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
     """
     try:
         return _run(config, comm, overrides)
-    except (RequeueError, RunLockedError) as err:
-        # Raised where no rank is inside MPI: a refused requeue once every rank has finished, or the run lock's
-        # refusal, broadcast to every rank before any touched a file of the run. Finish MPI together and end
-        # non-zero (Slurm records a failure) without MPI_Abort, whose banner would bury the reason.
+    except (RequeueError, RunLockedError, ResumeError) as err:
+        # Raised where no rank is inside MPI: a refused requeue once every rank has finished, or the refusal of the
+        # run lock or of the resume, broadcast to every rank before any wrote the run's state. Finish MPI together and
+        # end non-zero (Slurm records a failure) without MPI_Abort, whose banner would bury the reason.
         if comm.Get_rank() == CONTROLLER:
             print(f"hpc_rl: {err}", file=sys.stderr, flush=True)
         logging.shutdown()
@@ -87,11 +87,17 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     log = setup_logging(run_dir, rank, f"{placement.role.value}[{placement.index}]") if rank != CONTROLLER else None
 
     # The controller decides where to resume from; learners get the state, env ranks the version (for seeding).
-    resume = None
+    resume = refused = None
     if rank == CONTROLLER:
         log = setup_logging(run_dir, rank, "controller")
-        resume = open_run_dir(config, overrides)
-    resume_version = comm.bcast(resume.version if resume is not None else -1, root=CONTROLLER)
+        try:
+            resume = open_run_dir(config, overrides)
+        except ResumeError as err:
+            log.error("%s", err)
+            refused = str(err)
+    resume_version, refused = comm.bcast((resume.version if resume is not None else -1, refused), root=CONTROLLER)
+    if refused is not None:
+        raise ResumeError(refused)
     # Every rank holds a connection to the controller until the end, so that a rank's death is named at once.
     lifelines = Lifelines(comm.Get_size()) if rank == CONTROLLER else None
     address, token = comm.bcast((lifelines.address, lifelines.token) if lifelines else None, root=CONTROLLER)
