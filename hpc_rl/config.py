@@ -351,10 +351,11 @@ class ResumeError(ValueError):
 
 
 def flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested settings as {dotted key: value} (``ppo.lr.start``, ``env.moba.reward_weights.win``)."""
+    """Nested settings as {dotted key: value} (``topology.env``, ``env.moba.reward_weights.win``); a schedule is one
+    setting, its value a dict (``ppo.lr``: {start, end, versions, kind})."""
     flat: dict[str, Any] = {}
     for key, value in settings.items():
-        if isinstance(value, dict) and value:
+        if isinstance(value, dict) and value and f"{prefix}{key}" not in SCHEDULE_KEYS:
             flat.update(flat_settings(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
@@ -369,11 +370,17 @@ def setting_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str,
             if key not in UNRECORDED_KEYS and a.get(key) != b.get(key)]
 
 
+def show_setting(value: Any) -> str:
+    """A setting's value as a change is printed: a schedule as ``constant 0.001``, anything else as its repr."""
+    return str(Schedule(**value)) if isinstance(value, dict) and value.keys() == asdict(Schedule(0.0)).keys() \
+        else repr(value)
+
+
 def resumable_changes(old: dict[str, Any], new: dict[str, Any], source: str) -> list[tuple[str, Any, Any]]:
     """The changes from the settings ``old`` that checkpoint ``source`` was trained with to a resumed run's ``new``;
     raise ResumeError listing every change of a ``SHAPE_KEYS`` setting, which the saved state cannot take."""
     changes = setting_changes(old, new)
-    refused = [f"{key}: {o!r} -> {n!r}" for key, o, n in changes if key in SHAPE_KEYS]
+    refused = [f"{key}: {show_setting(o)} -> {show_setting(n)}" for key, o, n in changes if key in SHAPE_KEYS]
     if refused:
         raise ResumeError(f"cannot resume from {source}: these settings decide the shapes of its saved state or the "
                           f"spaces it was trained on, and differ: {'; '.join(refused)}. Shape-changing changes need a "

@@ -1,6 +1,6 @@
 """A resumed run may change every setting its saved state's shapes allow; the changes are recorded in the run."""
 
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 
 import numpy as np
 import pytest
@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 
 from hpc_rl import metric_names as M
 from hpc_rl.algo.learner import Learner
+from hpc_rl.algo.schedules import Schedule, constant
 from hpc_rl.config import SHAPE_KEYS, ResumeError, TrainConfig, build_config, setting_changes
 from hpc_rl.envs.moba_config import MobaConfig
 from hpc_rl.launch import set_torch_threads
@@ -62,8 +63,9 @@ def test_setting_changes_are_listed_key_by_key():
     old = TrainConfig().settings()
     new = build_config(OmegaConf.from_dotlist(["ppo.lr=1e-4", "topology.env=4", "run_name=elsewhere",
                                                "pipeline.max_versions=99"])).settings()
-    # Where the run is and when it stops are not settings of what it learns.
-    assert setting_changes(old, new) == [("ppo.lr.start", 1e-3, 1e-4), ("topology.env", 2, 4)]
+    # A schedule is one setting; where the run is and when it stops are not settings of what it learns.
+    assert setting_changes(old, new) == [("ppo.lr", asdict(constant(1e-3)), asdict(constant(1e-4))),
+                                         ("topology.env", 2, 4)]
 
 
 def _config(tmp_path, *overrides: str) -> TrainConfig:
@@ -79,10 +81,14 @@ def test_a_resumed_run_takes_new_hyperparameters_and_refuses_new_shapes(tmp_path
     changed = ("ppo.lr=1e-4", "ppo.entropy_coef=0.01", "pipeline.segments_per_batch=2")
     SerialRunner(_config(tmp_path, "pipeline.max_versions=6", *changed)).run()
     run = open_run(tmp_path / "cp")
-    assert "resuming from v000003.h5 with 3 changed setting(s)" in capsys.readouterr().out
-    assert [(c["version"], c["key"], c["old"], c["new"]) for c in run.config_changes] == [
-        (3, "pipeline.segments_per_batch", 1, 2), (3, "ppo.entropy_coef.start", 0.0, 0.01),
-        (3, "ppo.lr.start", 1e-3, 1e-4)]
+    out = capsys.readouterr().out
+    assert "resuming from v000003.h5 with 3 changed setting(s)" in out
+    assert "  ppo.lr: constant 0.001 -> constant 0.0001\n" in out
+    assert [(c["version"], c["key"]) for c in run.config_changes] == [
+        (3, "pipeline.segments_per_batch"), (3, "ppo.entropy_coef"), (3, "ppo.lr")]
+    assert [(Schedule(**c["old"]), Schedule(**c["new"])) for c in run.config_changes[1:]] == [
+        (constant(0.0), constant(0.01)), (constant(1e-3), constant(1e-4))]
+    assert run.config_changes[0]["old"] == 1 and run.config_changes[0]["new"] == 2
     lr = read_metrics(run.layout.metrics)[M.LR]
     assert list(lr["version"]) == [1, 2, 3, 4, 5, 6]  # the versions continue
     assert list(lr["value"]) == pytest.approx([1e-3] * 3 + [1e-4] * 3)

@@ -33,7 +33,7 @@ import numpy as np
 import yaml
 
 from hpc_rl import metric_names as M
-from hpc_rl.config import ResumeError, TrainConfig, build_config, resumable_changes, to_yaml
+from hpc_rl.config import ResumeError, TrainConfig, build_config, resumable_changes, show_setting, to_yaml
 from hpc_rl.evaluation import final_evaluation, policy_from_checkpoint
 from hpc_rl.launch import LAUNCHED
 from hpc_rl.league.pool import OpponentPool
@@ -79,8 +79,9 @@ def open_run_dir(config: TrainConfig, overrides: tuple[str, ...] = ()) -> Checkp
             raise
         if changes:
             record_config_changes(layout.config_changes, resume.version, changes)
+            lines = [f"  {key}: {show_setting(old)} -> {show_setting(new)}" for key, old, new in changes]
             text = "\n".join([f"resuming from {resume.path.name} with {len(changes)} changed setting(s), recorded in "
-                               f"{layout.config_changes}:"] + [f"  {key}: {old!r} -> {new!r}" for key, old, new in changes])
+                               f"{layout.config_changes}:", *lines])
             print(text, flush=True)
             log.info("%s", text)
     layout.config.write_text(to_yaml(config))
