@@ -9,14 +9,14 @@ from omegaconf import OmegaConf
 from hpc_rl import metric_names as M
 from hpc_rl.algo.learner import Learner
 from hpc_rl.algo.schedules import Schedule, constant
-from hpc_rl.config import SHAPE_KEYS, ResumeError, TrainConfig, build_config, setting_changes
+from hpc_rl.config import SHAPE_KEYS, ResumeError, TrainConfig, build_config, setting_changes, to_yaml
 from hpc_rl.envs.moba_config import MobaConfig
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.policy import Policy
 from hpc_rl.roles.controller import open_run_dir
 from hpc_rl.runner import SerialRunner
-from hpc_rl.storage import CheckpointError, load_checkpoint, open_run, read_metrics
+from hpc_rl.storage import CheckpointError, commit_checkpoint, load_checkpoint, open_run, read_metrics
 from hpc_rl.storage.layout import RunLayout
 
 # A value other than the default for every field of the model's and the MOBA's configs: the test below must see
@@ -116,3 +116,17 @@ def test_a_resumed_run_takes_new_hyperparameters_and_refuses_new_shapes(tmp_path
         (run.layout.checkpoints / f"v00000{version}.h5").write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="no checkpoint verifies"):
         open_run_dir(config)
+
+
+def test_a_checkpoint_written_before_checkpoints_held_settings_is_compared_with_config_yaml(tmp_path):
+    old = _config(tmp_path)
+    layout = RunLayout.of(old.runs_dir, old.run_name)
+    layout.root.mkdir()
+    layout.config.write_text(to_yaml(old))  # the job that wrote the checkpoint
+    commit_checkpoint(layout.checkpoints, 4, {"params": {"w": np.zeros(3)}}, old.config_hash())  # no settings
+    assert open_run_dir(_config(tmp_path, "ppo.lam=0.9")).version == 4
+    assert [(c["version"], c["key"], c["old"], c["new"]) for c in open_run(layout.root).config_changes] == [
+        (4, "ppo.lam", 0.95, 0.9)]
+    # config.yaml now holds lam 0.9: neither it nor the run says what the checkpoint was trained with.
+    with pytest.raises(ResumeError, match="records no settings"):
+        open_run_dir(_config(tmp_path, "ppo.lam=0.8"))
