@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, make_dataclass, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from typing import Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
@@ -413,31 +413,9 @@ def _nested(cls: type, prefix: str = "") -> list[tuple[str, type]]:
 SCHEDULE_KEYS = tuple(key for key, cls in _nested(TrainConfig) if cls is Schedule)  # ppo.lr, ppo.gamma, ...
 
 
-def _untyped_schedules(cls: type) -> type:
-    """A copy of dataclass ``cls`` whose ``Schedule`` fields (also in nested dataclasses) are untyped, with the same
-    defaults, so that OmegaConf lets a bare number replace one."""
-    specs = []
-    for f in fields(cls):
-        hint = get_type_hints(cls)[f.name]
-        if hint is Schedule:
-            default = asdict(f.default_factory())
-            specs.append((f.name, Any, field(default_factory=lambda d=default: dict(d))))
-        elif is_dataclass(hint) and _schedule_keys_of(hint):
-            loose = _untyped_schedules(hint)
-            specs.append((f.name, loose, field(default_factory=loose)))
-        else:
-            kept = field(default=f.default) if f.default is not MISSING else field(default_factory=f.default_factory)
-            specs.append((f.name, hint, kept))
-    return make_dataclass(cls.__name__, specs)
-
-
-def _schedule_keys_of(cls: type) -> list[str]:
-    return [key for key, nested in _nested(cls) if nested is Schedule]
-
-
 def _writable(node: DictConfig) -> DictConfig:
-    """Structured configs of frozen dataclasses are read-only in OmegaConf, which would refuse Hydra's
-    command-line overrides; validation happens when ``build_config`` instantiates the dataclasses."""
+    """Structured configs of frozen dataclasses are read-only in OmegaConf, which would refuse the values merged into
+    them; validation happens when ``build_config`` instantiates the dataclasses."""
     node._set_flag("readonly", None)
     for key in node.keys():
         child = node._get_node(key)
@@ -459,14 +437,14 @@ def _constant_schedules(cfg: DictConfig) -> None:
 
 
 def register() -> None:
-    """Register the schema as ``train_schema`` in Hydra's ConfigStore (conf/train.yaml extends it): TrainConfig's,
-    with untyped schedule fields so that a bare number may replace one on the command line or in a YAML file
-    (``build_config`` makes it a constant schedule and checks every field)."""
+    """Register the schema as ``train_schema`` in Hydra's ConfigStore (conf/train.yaml extends it): TrainConfig's
+    keys and defaults, untyped. Hydra refuses an unknown key; the types and every check are ``build_config``'s, whose
+    errors are one line naming the key (Hydra's type errors are several), and a bare number may replace a schedule."""
     from hydra.core.config_store import ConfigStore
 
     _register_resolvers()
-    schema = OmegaConf.structured(_untyped_schedules(TrainConfig))
-    ConfigStore.instance().store(name="train_schema", node=_writable(schema))
+    schema = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
+    ConfigStore.instance().store(name="train_schema", node=schema)
 
 
 def build_config(cfg: DictConfig | dict) -> TrainConfig:
@@ -476,9 +454,7 @@ def build_config(cfg: DictConfig | dict) -> TrainConfig:
     if isinstance(cfg, dict):
         cfg = OmegaConf.create(cfg)
     schema = _writable(OmegaConf.structured(TrainConfig))
-    # Plain containers: Hydra's nodes are typed by the schema of ``register``, whose classes are not TrainConfig's.
-    given = OmegaConf.create({k: OmegaConf.to_container(v) if isinstance(v, DictConfig) else v
-                              for k, v in cfg.items() if k in schema})
+    given = OmegaConf.create({k: v for k, v in cfg.items() if k in schema})
     _constant_schedules(given)
     try:
         merged = OmegaConf.merge(schema, given)
