@@ -5,7 +5,9 @@
 
 The default metric is the trained policy's TrueSkill (eval/trueskill/policy), else the win rate against the scripted
 bot (MOBA), else the episode return (Gymnasium). Writes curves.png and curves.md (per run: last version, final,
-best and wall time), and, when runs carry TrueSkill series, trueskill.png with every rated player.
+best, wall time and the settings its resumes changed, config_changes.jsonl, which the plot against versions marks
+with a dashed line at each version resumed), and, when runs carry TrueSkill series, trueskill.png with every rated
+player.
 """
 
 from __future__ import annotations
@@ -45,11 +47,17 @@ def body(args: argparse.Namespace, out: Output) -> None:
         smooth = trailing_mean(values, args.smooth)
         line, = by_version.plot(versions, smooth, label=run.label, lw=1.4)
         by_wall.plot(wall / scale, smooth, color=line.get_color(), lw=1.4)
+        for version, keys in changes_by_version(run.config_changes).items():
+            by_version.axvline(version, color=line.get_color(), ls="--", lw=0.8)
+            by_version.annotate(", ".join(keys), (version, 0.98), xycoords=("data", "axes fraction"), rotation=90,
+                                va="top", ha="right", fontsize=6, color=line.get_color())
         rows.append([run.label, fmt(int(versions[-1])) if versions.size else "-",
                      fmt(float(smooth[-1])) if smooth.size else "-",
                      fmt(float(np.max(smooth))) if smooth.size else "-",
                      fmt(int(versions[int(np.argmax(smooth))])) if smooth.size else "-",
-                     fmt(float(wall[-1]) / scale, 2) if wall.size else "-"])
+                     fmt(float(wall[-1]) / scale, 2) if wall.size else "-",
+                     "; ".join(f"v{c['version']} {c['key']} {c['old']} -> {c['new']}" for c in run.config_changes)
+                     or "-"])
     title = metric + (f" (trailing mean over {args.smooth} versions)" if args.smooth > 1 else "")
     by_version.set(xlabel=VERSION_LABEL, ylabel=metric, title=title)
     by_wall.set(xlabel=wall_label, ylabel=metric, title=f"{metric} vs wall time")
@@ -58,8 +66,17 @@ def body(args: argparse.Namespace, out: Output) -> None:
     by_version.legend(fontsize=7, loc="best")
     out.figure("curves.png", fig)
     out.table("curves.md", f"{metric} per run",
-              markdown_table(["run", "last version", "final", "best", "best at version", wall_label], rows))
+              markdown_table(["run", "last version", "final", "best", "best at version", wall_label,
+                              "setting changes"], rows))
     trueskill(runs, out)
+
+
+def changes_by_version(changes: list[dict]) -> dict[int, list[str]]:
+    """The keys of config_changes.jsonl's lines grouped by the version resumed, in order."""
+    grouped: dict[int, list[str]] = {}
+    for change in changes:
+        grouped.setdefault(int(change["version"]), []).append(change["key"])
+    return grouped
 
 
 def trueskill(runs, out: Output) -> None:

@@ -6,6 +6,12 @@ dataclass validates its fields in ``__post_init__``; ``TrainConfig.__post_init__
 built, before any rank starts work or any job is submitted.
 
     cfg = build_config(hydra_cfg)      # DictConfig -> TrainConfig (raises ValueError naming the bad field)
+
+A schedule field (``Schedule``: ppo.lr, ppo.gamma, ...) takes a bare number for a constant: ``ppo.lr=1e-4`` is
+``ppo.lr.start=1e-4`` with kind constant, whatever schedule the composed config had there.
+
+A resumed run may change any setting but those that decide the shapes of its saved state (``SHAPE_KEYS``):
+``setting_changes`` compares the settings a checkpoint recorded with the new ones.
 """
 
 from __future__ import annotations
@@ -13,11 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from typing import Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from hpc_rl.algo.rewards import RewardConfig
+from hpc_rl.algo.schedules import KINDS, Schedule
 from hpc_rl.envs.api import VecEnv
 from hpc_rl.envs.moba_config import REWARD_EVENTS, MobaConfig
 from hpc_rl.model.config import ModelConfig
@@ -307,6 +316,10 @@ class TrainConfig:
         return (self.env.is_moba and self.league.past_fraction > 0
                 and self.env.scripted_copies() < self.env.num_envs)
 
+    def settings(self) -> dict[str, Any]:
+        """Every field as nested JSON values: what a checkpoint records and a resume compares (``setting_changes``)."""
+        return json.loads(json.dumps(asdict(self), default=str))
+
     def config_hash(self) -> str:
         """Hash of what changes the learning problem (not run_name, runs_dir or stopping limits)."""
         d = asdict(self)
@@ -323,15 +336,59 @@ class TrainConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _writable(node: DictConfig) -> DictConfig:
-    """Structured configs of frozen dataclasses are read-only in OmegaConf, which would refuse Hydra's
-    command-line overrides; validation happens when ``build_config`` instantiates the dataclasses."""
-    node._set_flag("readonly", None)
-    for key in node.keys():
-        child = node._get_node(key)
-        if isinstance(child, DictConfig):
-            _writable(child)
-    return node
+# The settings that decide the shapes of a checkpoint's state (the network's parameters, and with them Adam's and
+# the gradient clip's moments; the observation and value normalisers) or the spaces it was trained on (the
+# environment: its observations' entities and features, its actions). A resumed run keeps them; it may change every
+# other setting. tests/test_resume.py holds this list against the learner's state and the environment's spec.
+SHAPE_KEYS = ("env.name", "env.moba.team_size", "env.moba.lanes", "env.moba.towers_per_lane", "env.moba.wave_melee",
+              "env.moba.wave_ranged", "env.moba.max_waves_alive", "model.core", "model.lstm_size", "model.embed_size",
+              "model.entity_pooling", "ppo.value_norm")
+# Where a run is and when it stops, not how it learns: never a change (a finished run is continued by raising
+# pipeline.max_versions).
+UNRECORDED_KEYS = ("run_name", "runs_dir", "pipeline.max_versions", "pipeline.max_seconds")
+
+
+class ResumeError(ValueError):
+    """A run directory this run cannot resume: its checkpoint's saved state does not fit the run's settings."""
+
+
+def flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as {dotted key: value} (``topology.env``, ``env.moba.reward_weights.win``); a schedule is one
+    setting, its value a dict (``ppo.lr``: {start, end, versions, kind})."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value and f"{prefix}{key}" not in SCHEDULE_KEYS:
+            flat.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def setting_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The settings that differ between ``old`` and ``new`` (``TrainConfig.settings()``), as (dotted key, old value,
+    new value) in key order, but for ``UNRECORDED_KEYS``; a key one side lacks (a setting added since) is None there."""
+    a, b = flat_settings(old), flat_settings(new)
+    return [(key, a.get(key), b.get(key)) for key in sorted(a.keys() | b.keys())
+            if key not in UNRECORDED_KEYS and a.get(key) != b.get(key)]
+
+
+def show_setting(value: Any) -> str:
+    """A setting's value as a change is printed: a schedule as ``constant 0.001``, anything else as its repr."""
+    return str(Schedule(**value)) if isinstance(value, dict) and value.keys() == asdict(Schedule(0.0)).keys() \
+        else repr(value)
+
+
+def resumable_changes(old: dict[str, Any], new: dict[str, Any], source: str) -> list[tuple[str, Any, Any]]:
+    """The changes from the settings ``old`` that checkpoint ``source`` was trained with to a resumed run's ``new``;
+    raise ResumeError listing every change of a ``SHAPE_KEYS`` setting, which the saved state cannot take."""
+    changes = setting_changes(old, new)
+    refused = [f"{key}: {show_setting(o)} -> {show_setting(n)}" for key, o, n in changes if key in SHAPE_KEYS]
+    if refused:
+        raise ResumeError(f"cannot resume from {source}: these settings decide the shapes of its saved state or the "
+                          f"spaces it was trained on, and differ: {'; '.join(refused)}. Shape-changing changes need a "
+                          f"new run (another run_name) or a surgery of the checkpoint; every other setting may change "
+                          f"on resume")
+    return changes
 
 
 def _if_moba(moba_value, other_value, *, _root_):
@@ -345,28 +402,73 @@ def _register_resolvers() -> None:
         OmegaConf.register_new_resolver("moba", _if_moba)
 
 
+def _nested(cls: type, prefix: str = "") -> list[tuple[str, type]]:
+    """Every dataclass-typed field below ``cls`` as (dotted key, dataclass), deepest first (``ppo.lr`` before
+    ``ppo``), read from the type hints: a field added to a config is found without being listed here."""
+    found = []
+    for name, hint in get_type_hints(cls).items():
+        if is_dataclass(hint):
+            found += _nested(hint, f"{prefix}{name}.") + [(f"{prefix}{name}", hint)]
+    return found
+
+
+SCHEDULE_KEYS = tuple(key for key, cls in _nested(TrainConfig) if cls is Schedule)  # ppo.lr, ppo.gamma, ...
+
+
+def _writable(node: DictConfig) -> DictConfig:
+    """Structured configs of frozen dataclasses are read-only in OmegaConf, which would refuse the values merged into
+    them; validation happens when ``build_config`` instantiates the dataclasses."""
+    node._set_flag("readonly", None)
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            _writable(child)
+    return node
+
+
+def _constant_schedules(cfg: DictConfig) -> None:
+    """Make every schedule given as a bare number a constant schedule (in place); refuse any other non-schedule."""
+    for key in SCHEDULE_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            OmegaConf.update(cfg, key, {"start": float(value), "end": None, "versions": 1, "kind": "constant"},
+                             merge=False)
+        elif value is not None and not isinstance(value, DictConfig):
+            raise ValueError(f"{key} must be a number (a constant) or a schedule {{start, end, versions, kind}} "
+                             f"with kind one of {KINDS}, got {value!r}")
+
+
 def register() -> None:
-    """Register the schema as ``train_schema`` in Hydra's ConfigStore (conf/train.yaml extends it)."""
+    """Register the schema as ``train_schema`` in Hydra's ConfigStore (conf/train.yaml extends it): TrainConfig's
+    keys and defaults, untyped. Hydra refuses an unknown key; the types and every check are ``build_config``'s, whose
+    errors are one line naming the key (Hydra's type errors are several), and a bare number may replace a schedule."""
     from hydra.core.config_store import ConfigStore
 
     _register_resolvers()
-    ConfigStore.instance().store(name="train_schema", node=_writable(OmegaConf.structured(TrainConfig)))
+    schema = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
+    ConfigStore.instance().store(name="train_schema", node=schema)
 
 
 def build_config(cfg: DictConfig | dict) -> TrainConfig:
-    """A validated TrainConfig from a composed Hydra config (extra keys such as ``hydra`` are ignored)."""
+    """A validated TrainConfig from a composed Hydra config (extra keys such as ``hydra`` are ignored). Every error
+    is a ValueError of one line naming the key."""
     _register_resolvers()
     if isinstance(cfg, dict):
         cfg = OmegaConf.create(cfg)
     schema = _writable(OmegaConf.structured(TrainConfig))
-    merged = OmegaConf.merge(schema, {k: v for k, v in cfg.items() if k in schema})
-    # A schedule's own checks know no field name: build each first, so that its error names the field.
-    for f in fields(PPOConfig):
-        if f.type == "Schedule":
-            try:
-                OmegaConf.to_object(merged.ppo[f.name])
-            except ValueError as e:
-                raise ValueError(f"ppo.{f.name}: {e}") from None
+    given = OmegaConf.create({k: v for k, v in cfg.items() if k in schema})
+    _constant_schedules(given)
+    try:
+        merged = OmegaConf.merge(schema, given)
+    except OmegaConfBaseException as e:  # a wrong type or an unknown key
+        raise ValueError(f"{e.full_key}: {str(e.msg).splitlines()[0]}") from None
+    # The dataclasses' own checks do not all know where they sit: build the nested ones first, deepest first, so
+    # that an error names its key (``ppo.lr: a constant schedule ...``, ``ppo: lam must lie in [0, 1]``).
+    for key, _cls in _nested(TrainConfig):
+        try:
+            OmegaConf.to_object(OmegaConf.select(merged, key))
+        except ValueError as e:
+            raise ValueError(str(e) if str(e).startswith(f"{key}.") else f"{key}: {e}") from None
     return OmegaConf.to_object(merged)
 
 

@@ -152,6 +152,15 @@ def set_torch_threads() -> None:
             pass
 
 
+def launched_rank() -> int:
+    """This process's rank in its job, from the launcher's environment (Open MPI, PMIx, MPICH, Slurm): readable
+    before MPI is initialised. 0 outside a launched job."""
+    for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
 # Set in the ranks' environment by ``main``: the controller then names Ctrl-C as the way to stop the job.
 LAUNCHED = "HPC_RL_LAUNCHED"
 

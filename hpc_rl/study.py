@@ -229,7 +229,8 @@ def default_thresholds(curves: Sequence[np.ndarray], fractions: Sequence[float] 
 # --- loading runs and sweeps ----------------------------------------------------------------------------------
 @dataclass
 class RunData:
-    """One run directory read once: its label, config.yaml, metrics.h5 and the overrides its sweep gave it."""
+    """One run directory read once: its label, config.yaml, metrics.h5, the overrides its sweep gave it and the
+    settings its resumes changed (config_changes.jsonl)."""
 
     label: str
     path: Path
@@ -237,6 +238,7 @@ class RunData:
     metrics: dict[str, np.ndarray]
     overrides: str = ""
     sweep: str | None = None
+    config_changes: list[dict[str, Any]] = field(default_factory=list)
 
     def series(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(versions, wall seconds since the run's first row, values) of a series, finite values only."""
@@ -262,7 +264,7 @@ def config_value(config: dict[str, Any], key: str) -> Any:
 
 def _read_run(path: Path, label: str, overrides: str = "", sweep: str | None = None) -> RunData:
     run = open_run(path)
-    return RunData(label, path, run.config, run.metrics, overrides, sweep)
+    return RunData(label, path, run.config, run.metrics, overrides, sweep, run.config_changes)
 
 
 def is_sweep(path: str | Path) -> bool:

@@ -51,6 +51,10 @@ class TopologyConfig:
         return 1 if role is Role.CONTROLLER else getattr(self, role.value)
 
 
+class WorldSizeError(ValueError):
+    """The job has another number of ranks than the topology needs."""
+
+
 @dataclass(frozen=True)
 class Placement:
     """One rank's place in the topology."""
@@ -73,7 +77,7 @@ class Topology:
     def check(self, world_size: int) -> None:
         if world_size != self.config.world_size:
             c = self.config
-            raise ValueError(
+            raise WorldSizeError(
                 f"the topology needs {c.world_size} ranks (1 controller + {c.env} env + {c.inference} inference + "
                 f"{c.learner} learner + {c.evaluator} evaluator) but the job has {world_size}: launch with "
                 f"-np {c.world_size} or change topology.*")

@@ -20,6 +20,7 @@ from hpc_rl.study import (choose_baseline, default_metric, default_thresholds, d
                           staleness_histogram, swept_key)
 from hpc_rl.storage import MetricsWriter
 from hpc_rl.storage.metrics import ROW
+from hpc_rl.storage.run import record_config_changes
 
 pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
 
@@ -275,6 +276,7 @@ def dirs(tmp_path_factory) -> dict[str, Path]:
     moba["perf/env_steps"] = [1000.0 * v for v in range(1, n + 1)]
     moba["perf/wall_seconds"] = [60.0 * v for v in range(1, n + 1)]
     write_run(root / "moba_run", config(), moba)
+    record_config_changes(root / "moba_run" / "config_changes.jsonl", 12, [("ppo.lr.start", 0.001, 0.0001)])
     gym = pipeline_series(10, 1, 1.0)
     gym["stats/episode_return"] = [float(v) for v in range(10)]
     gym["perf/env_steps_per_s"] = [200.0] * 10
@@ -344,6 +346,8 @@ def test_curves(dirs, tmp_path):
     rows = {r["run"]: r for r in table(tmp_path / "curves.md")}
     assert rows["moba_run"]["last version"] == "30" and float(rows["moba_run"]["final"]) == 0.75
     assert rows["moba_run"]["best at version"] == "30" and float(rows["moba_run"]["wall time (minutes)"]) == 29.0
+    assert rows["moba_run"]["setting changes"] == "v12 ppo.lr.start 0.001 -> 0.0001"  # marked on the plot too
+    assert rows["ablation_staleness/0"]["setting changes"] == "-"
     assert float(rows["ablation_staleness/0"]["best"]) == 0.9  # the ramp capped at 0.9 from version 18
     assert rows["ablation_staleness/0"]["best at version"] == "18"
     assert "gym_run" not in rows and "gym_run has no eval/win_rate_vs_scripted" in out.stdout

@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from hpc_rl.config import EnvConfig, TrainConfig, build_config, register
+from omegaconf import OmegaConf
+
+from hpc_rl.algo.schedules import Schedule, constant
+from hpc_rl.config import SCHEDULE_KEYS, EnvConfig, TrainConfig, build_config, register
 from hpc_rl.launch import mpirun_command, rank_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,6 +110,38 @@ def test_a_bad_schedule_is_named():
         _compose("experiment=moba_kickstart", "ppo.kickstart_coef.kind=constant")
 
 
+def test_schedule_fields_are_found_in_the_dataclasses():
+    assert set(SCHEDULE_KEYS) == {"ppo.lr", "ppo.entropy_coef", "ppo.gamma", "ppo.team_spirit", "ppo.kickstart_coef"}
+
+
+@pytest.mark.parametrize("key", SCHEDULE_KEYS)
+def test_a_bare_number_is_a_constant_schedule(key):
+    """``ppo.lr=1e-4`` is ``ppo.lr.start=1e-4`` with kind constant, replacing whatever schedule was there (the presets
+    decay the learning rate and the kickstarting weight linearly), on the command line and in process alike."""
+    section, name = key.split(".")
+    teacher = ["env.teacher=scripted"] if name == "kickstart_coef" else []  # a kickstarting weight needs a teacher
+    preset = "moba_kickstart" if teacher else "cartpole"
+
+    def schedule(cfg: TrainConfig) -> Schedule:
+        return getattr(getattr(cfg, section), name)
+
+    expected = constant(0.5)
+    assert schedule(build_config(OmegaConf.from_dotlist([f"{key}=0.5", *teacher]))) == expected
+    assert schedule(_compose(f"experiment={preset}", f"{key}=0.5")) == expected
+    assert schedule(_compose(f"{key}.start=0.5", *teacher)).start == 0.5  # the long form still works
+    with pytest.raises(ValueError, match=f"{key} must be a number \\(a constant\\) or a schedule"):
+        build_config(OmegaConf.from_dotlist([f"{key}=fast"]))
+
+
+def test_config_errors_name_their_key_in_one_line():
+    for dotlist, message in ((["ppo.epochs=x"], "ppo.epochs: Value 'x' of type 'str' could not be converted"),
+                             (["ppo.lam=2"], "ppo: lam must lie in [0, 1]"),
+                             (["model.lstm_size=0"], "model: lstm_size (0) and embed_size (64) must be >= 1")):
+        with pytest.raises(ValueError) as err:
+            build_config(OmegaConf.from_dotlist(dotlist))
+        assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
 def test_bad_config_from_the_command_line_fails_before_mpi_starts(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "jobs/train.py"), "ppo.lr.start=-1", f"runs_dir={tmp_path}"],
                          capture_output=True, text=True, timeout=120)
@@ -115,11 +150,20 @@ def test_bad_config_from_the_command_line_fails_before_mpi_starts(tmp_path):
 
 
 @pytest.mark.mpi
-def test_wrong_world_size_is_a_clear_error_on_every_rank(tmp_path):
+def test_a_bad_config_is_reported_once_per_job(tmp_path):
+    out = subprocess.run(mpirun_command(3, [str(ROOT / "jobs/train.py"), "ppo.lr=fast", f"runs_dir={tmp_path}"]),
+                         capture_output=True, text=True, timeout=180, env=rank_env())
+    assert out.returncode != 0
+    assert (out.stdout + out.stderr).count("hpc_rl: bad config: ppo.lr must be a number") == 1, out.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.mpi
+def test_wrong_world_size_is_a_clear_error_printed_once(tmp_path):
     out = subprocess.run(mpirun_command(3, [str(ROOT / "jobs/train.py"), f"runs_dir={tmp_path}"]),
                          capture_output=True, text=True, timeout=180, env=rank_env())
     assert out.returncode != 0
-    assert "the topology needs 6 ranks" in out.stdout + out.stderr and "has 3" in out.stdout + out.stderr
+    assert (out.stdout + out.stderr).count("hpc_rl: the topology needs 6 ranks") == 1 and "has 3" in out.stderr
     assert not (tmp_path / "default").exists()
 
 

@@ -59,17 +59,18 @@ def test_checkpoint_round_trip_keeps_every_leaf_type(tmp_path):
     path = commit_checkpoint(tmp_path, 7, _sections(7), "cfg-a")
     assert path.name == "v000007.h5"
     assert (tmp_path / "latest").read_text().strip() == "v000007.h5"
-    ckpt = load_checkpoint(path, config_hash="cfg-a")
+    ckpt = load_checkpoint(path)
     assert ckpt.version == 7
     _assert_tree_equal(ckpt.sections, _sections(7))
     with h5py.File(path) as f:
         assert f["params/lstm.weight"].fletcher32 and f["params/__tree__"].fletcher32
 
 
-def test_config_hash_mismatch_is_refused(tmp_path):
-    path = commit_checkpoint(tmp_path, 1, _sections(1), "cfg-a")
-    with pytest.raises(CheckpointError, match="config"):
-        load_checkpoint(path, config_hash="cfg-b")
+def test_a_checkpoint_records_the_settings_it_was_trained_with(tmp_path):
+    settings = {"ppo": {"lam": 0.9, "lr": {"start": 1e-4, "kind": "constant"}}, "env": {"name": "gym:CartPole-v1"}}
+    ckpt = load_checkpoint(commit_checkpoint(tmp_path, 1, _sections(1), "cfg-a", config=settings))
+    assert (ckpt.config, ckpt.config_hash) == (settings, "cfg-a")
+    assert load_checkpoint(commit_checkpoint(tmp_path, 2, _sections(2), "cfg-a")).config is None
 
 
 def _flip_byte_in_dataset(path: Path, name: str) -> None:
@@ -107,7 +108,7 @@ def test_damaged_latest_is_refused_and_resume_falls_back(tmp_path, damage, why, 
     with pytest.raises(CheckpointError, match=why):
         load_checkpoint(newest)
     with caplog.at_level(logging.WARNING):
-        ckpt = load_latest(tmp_path, config_hash="cfg")
+        ckpt = load_latest(tmp_path)
     assert ckpt.version == 1
     _assert_tree_equal(ckpt.sections, _sections(1))
     refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoint refused")]
@@ -154,7 +155,7 @@ def test_a_checkpoint_written_before_digests_still_loads_and_the_log_says_it_is_
         f.attrs["content_hash"] = _content_hash(f)
     assert verify_digest(legacy.read_bytes()).startswith("no digest: written before checkpoints carried one")
     with caplog.at_level("WARNING"):
-        ckpt = load_checkpoint(legacy, "cfg")
+        ckpt = load_checkpoint(legacy)
     assert ckpt.version == 1 and "parsed without checking its bytes" in caplog.text
     _assert_tree_equal(ckpt.sections, _sections(1))
     # format 2's HDF5 bytes without their digest header (format 2 inside, laid out as format 1) are refused
@@ -198,7 +199,7 @@ def test_sigkill_at_each_commit_stage_leaves_a_loadable_latest(tmp_path, stage):
         proc = subprocess.run([sys.executable, str(ROOT / "tests/programs/crash_during_commit.py"), str(tmp_path),
                                str(version), kill_at], capture_output=True, text=True, timeout=60)
         assert proc.returncode == (0 if kill_at == "none" else -9), proc.stderr
-    ckpt = load_latest(tmp_path, config_hash="cfg")
+    ckpt = load_latest(tmp_path)
     assert ckpt.version in (1, 2)
     # Until the new file is renamed into place, `latest` must still name the old one; after, either is complete.
     expected = 1 if COMMIT_STAGES.index(stage) < COMMIT_STAGES.index("replaced") else None
@@ -238,11 +239,11 @@ def test_a_commit_that_cannot_write_leaves_no_temporary_file(tmp_path, full, tin
     assert needed and 2 * 2**20 < int(needed[1]) < 2.1 * 2**20, message  # the arrays and HDF5's overhead
     assert message.endswith("latest still names v000001.h5"), message
     assert sorted(p.name for p in directory.iterdir()) == ["latest", "v000001.h5"]  # no temporary file
-    ckpt = load_latest(directory, config_hash="cfg")
+    ckpt = load_latest(directory)
     assert ckpt.version == 1
     _assert_tree_equal(ckpt.sections, _sections(1))
     assert commit_checkpoint(directory, 3, _sections(3), "cfg").name == "v000003.h5"  # the next that fits commits
-    assert load_latest(directory, config_hash="cfg").version == 3
+    assert load_latest(directory).version == 3
 
 
 def test_retention_keeps_last_k_and_every_mth(tmp_path):
@@ -352,7 +353,7 @@ def test_sigkill_at_random_moments_never_loses_more_than_the_version_in_flight(t
         committed = [int(line.split()[1]) for line in lines if line.startswith("committed")]
         assert committed, "the writer never committed"
         certain = max(certain, committed[-1])
-        ckpt = load_latest(tmp_path, config_hash="cfg")
+        ckpt = load_latest(tmp_path)
         assert certain <= ckpt.version <= certain + 1  # at most the version being written is lost
         assert np.all(ckpt.sections["params"]["w"] == ckpt.version)
         # `latest` names the version of the last line once that commit renamed it, the version before until then.

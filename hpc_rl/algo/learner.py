@@ -178,6 +178,8 @@ class Learner:
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # the state holds the eps it was saved with; a resume may change it
+            group["eps"] = self.config.adam_eps
         self.clip.load_state_dict(state["clip"])
         self.version = int(state["version"])
         for key, normalizer in self.normalizers.items():

@@ -34,6 +34,12 @@ class Schedule:
         if self.kind == "exponential" and (self.start <= 0 or (self.end is not None and self.end <= 0)):
             raise ValueError(f"an exponential schedule needs start and end > 0, got {self.start}, {self.end}")
 
+    def __str__(self) -> str:
+        """``constant 0.001``, ``linear 0.001 to 0.0 by version 400``: how a change of schedule is printed."""
+        if self.kind == "constant":
+            return f"constant {self.start}"
+        return f"{self.kind} {self.start} to {self.start if self.end is None else self.end} by version {self.versions}"
+
     def __call__(self, version: int) -> float:
         if version < 0:
             raise ValueError(f"version must be >= 0, got {version}")

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
+import yaml
 
 from hpc_rl import metric_names as M
-from hpc_rl.config import TrainConfig, to_yaml
+from hpc_rl.config import ResumeError, TrainConfig, build_config, resumable_changes, show_setting, to_yaml
 from hpc_rl.evaluation import final_evaluation, policy_from_checkpoint
 from hpc_rl.launch import LAUNCHED
 from hpc_rl.league.pool import OpponentPool
@@ -51,6 +52,7 @@ from hpc_rl.storage.checkpoint import CheckpointWriteError, checkpoint_name
 from hpc_rl.storage.hdf5 import write_json_durably
 from hpc_rl.storage.layout import RunLayout, runs_index
 from hpc_rl.storage.metrics import MetricsWriteError
+from hpc_rl.storage.run import record_config_changes
 from hpc_rl.storage.runlock import release_run_lock
 from hpc_rl.storage.tensorboard import open_export
 from hpc_rl.topology import Role, Topology
@@ -60,19 +62,54 @@ JOBS = Path(__file__).resolve().parent.parent.parent / "jobs"  # the commands th
 
 
 def open_run_dir(config: TrainConfig, overrides: tuple[str, ...] = ()) -> Checkpoint | None:
-    """The controller's start-up, in an MPI job and in one process alike: create the run directory, record the
-    config, and return the checkpoint to resume from (None for a new run, which gets a line in the runs directory's
-    index)."""
+    """The controller's start-up, in an MPI job and in one process alike: create the run directory, find the
+    checkpoint to resume from, record the settings the resume changes, record the config, and return the checkpoint
+    (None for a new run, which gets a line in the runs directory's index).
+
+    A resume may change any setting but those that decide the shapes of the saved state (``SHAPE_KEYS``): these raise
+    ResumeError, after the run lock (which the caller holds) is released and before any file of the run is touched."""
     layout = RunLayout.of(config.runs_dir, config.run_name)
     layout.root.mkdir(parents=True, exist_ok=True)
+    resume = load_latest(layout.checkpoints)
+    if resume is not None:
+        try:
+            changes = resumable_changes(_trained_settings(resume, layout, config), config.settings(), resume.path)
+        except ResumeError:
+            release_run_lock(layout.root)
+            raise
+        if changes:
+            record_config_changes(layout.config_changes, resume.version, changes)
+            lines = [f"  {key}: {show_setting(old)} -> {show_setting(new)}" for key, old, new in changes]
+            text = "\n".join([f"resuming from {resume.path.name} with {len(changes)} changed setting(s), recorded in "
+                               f"{layout.config_changes}:", *lines])
+            print(text, flush=True)
+            log.info("%s", text)
     layout.config.write_text(to_yaml(config))
-    resume = load_latest(layout.checkpoints, config.config_hash())
     if resume is None:
         # One short line appended per new run (O_APPEND: concurrent sweep members do not interleave on a local
         # or Lustre/GPFS filesystem).
         with open(runs_index(config.runs_dir), "a") as index:
             index.write(f"{config.run_name}\t{' '.join(overrides)}\n")
     return resume
+
+
+def _trained_settings(ckpt: Checkpoint, layout: RunLayout, config: TrainConfig) -> dict:
+    """The settings ``ckpt`` was trained with: recorded in the file, or, for a checkpoint written before checkpoints
+    held them, those of ``config.yaml`` (the last job's) or of ``config`` where the config hash says they are its."""
+    if ckpt.config is not None:
+        return ckpt.config
+    if layout.config.is_file():
+        try:
+            previous = build_config(yaml.safe_load(layout.config.read_text()))
+        except ValueError:  # written by a version of the code whose settings differ
+            previous = None
+        if previous is not None and previous.config_hash() == ckpt.config_hash:
+            return previous.settings()
+    if config.config_hash() == ckpt.config_hash:
+        return config.settings()
+    raise ResumeError(f"cannot resume from {ckpt.path}: it records no settings (written before checkpoints held "
+                      f"them) and was trained with other ones (config hash {ckpt.config_hash[:12]}, this run's "
+                      f"{config.config_hash()[:12]}): resume with the settings it was trained with")
 
 
 class Controller:
@@ -258,7 +295,8 @@ class Controller:
         # The rows logged so far reach metrics.h5 first: a crash after the commit loses none of the versions a
         # resume will not redo.
         self.metrics.flush()
-        path = commit_checkpoint(self.layout.checkpoints, version, sections, self.config.config_hash())
+        path = commit_checkpoint(self.layout.checkpoints, version, sections, self.config.config_hash(),
+                                 config=self.config.settings())
         self.committed = version
         prune_checkpoints(self.layout.checkpoints, self.config.pipeline.keep_last, self.config.pipeline.keep_every)
         log.info("committed %s", path.name)
@@ -439,7 +477,7 @@ class Controller:
             note = "no committed checkpoint"
         else:
             path = self.layout.checkpoints / checkpoint_name(self.committed)
-            ckpt = load_checkpoint(path, self.config.config_hash())
+            ckpt = load_checkpoint(path)
             print(f"final evaluation of version {self.committed}: {games} "
                   f"{'games against the scripted bot' if self.config.env.is_moba else 'greedy episodes'}", flush=True)
             final = final_evaluation(policy_from_checkpoint(ckpt, self.config), self.config, games)

@@ -63,7 +63,7 @@ class Evaluator:
         """Play ``version`` against every reference: ``{"version", "matches": {reference: play_match result}, ...}``,
         or None when its checkpoint is gone (pruned) or does not verify."""
         try:
-            ckpt = load_checkpoint(self.checkpoints / checkpoint_name(version), self.config.config_hash())
+            ckpt = load_checkpoint(self.checkpoints / checkpoint_name(version))
         except CheckpointError as err:  # a pruned (missing) file is one too
             log.warning("version %d not rated: %s", version, err)
             self.refused.add(version)

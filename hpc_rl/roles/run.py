@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from hpc_rl.config import TrainConfig
+from hpc_rl.config import ResumeError, TrainConfig
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.roles.allreduce import make_allreduce
 from hpc_rl.roles.common import Backoff, StopFlag, open_channels, setup_logging
@@ -33,7 +33,7 @@ from hpc_rl.roles.protocol import CONTROLLER, TAG_ACCOUNTING, TAG_RESUME
 from hpc_rl.slurm import RequeueError
 from hpc_rl.storage import write_meta
 from hpc_rl.storage.runlock import RunLockedError, acquire_run_lock
-from hpc_rl.topology import Role, Topology
+from hpc_rl.topology import Role, Topology, WorldSizeError
 from hpc_rl.transport import Transport
 
 
@@ -49,10 +49,11 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
     """
     try:
         return _run(config, comm, overrides)
-    except (RequeueError, RunLockedError) as err:
-        # Raised where no rank is inside MPI: a refused requeue once every rank has finished, or the run lock's
-        # refusal, broadcast to every rank before any touched a file of the run. Finish MPI together and end
-        # non-zero (Slurm records a failure) without MPI_Abort, whose banner would bury the reason.
+    except (RequeueError, RunLockedError, ResumeError, WorldSizeError) as err:
+        # Raised where no rank is inside MPI: a refused requeue once every rank has finished, the refusal of the run
+        # lock or of the resume, broadcast to every rank before any wrote the run's state, or a world size that every
+        # rank finds wrong alike. Finish MPI together and end non-zero (Slurm records a failure) without MPI_Abort,
+        # whose banner would bury the reason; the controller alone says why.
         if comm.Get_rank() == CONTROLLER:
             print(f"hpc_rl: {err}", file=sys.stderr, flush=True)
         logging.shutdown()
@@ -69,7 +70,7 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     set_torch_threads()
     rank = comm.Get_rank()
     topology = Topology(config.topology)
-    topology.check(comm.Get_size())  # every rank raises the same clear error before any work
+    topology.check(comm.Get_size())  # every rank raises the same WorldSizeError before any work
     placement = topology.placement(rank)
     run_dir = Path(config.runs_dir) / config.run_name
     stop_flag = StopFlag()
@@ -87,11 +88,17 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     log = setup_logging(run_dir, rank, f"{placement.role.value}[{placement.index}]") if rank != CONTROLLER else None
 
     # The controller decides where to resume from; learners get the state, env ranks the version (for seeding).
-    resume = None
+    resume = refused = None
     if rank == CONTROLLER:
         log = setup_logging(run_dir, rank, "controller")
-        resume = open_run_dir(config, overrides)
-    resume_version = comm.bcast(resume.version if resume is not None else -1, root=CONTROLLER)
+        try:
+            resume = open_run_dir(config, overrides)
+        except ResumeError as err:
+            log.error("%s", err)
+            refused = str(err)
+    resume_version, refused = comm.bcast((resume.version if resume is not None else -1, refused), root=CONTROLLER)
+    if refused is not None:
+        raise ResumeError(refused)
     # Every rank holds a connection to the controller until the end, so that a rank's death is named at once.
     lifelines = Lifelines(comm.Get_size()) if rank == CONTROLLER else None
     address, token = comm.bcast((lifelines.address, lifelines.token) if lifelines else None, root=CONTROLLER)

@@ -8,7 +8,7 @@ One file per committed policy version, ``checkpoints/v000123.h5``::
                               blake2b-256 <64 hex digits>
     bytes 512-            the HDF5 file: n bytes, their BLAKE2b-256 digest in the header
       /<section>/...      one group per section (params, optimizer, normalizer, rng, ...), see ``tree.py``
-      attrs: format, version, config_hash, content_hash
+      attrs: format, version, config_hash, content_hash, config (the run's settings as JSON)
 
 A load reads the whole file and checks the header and the digest before HDF5 parses a byte: HDF5 trusts its own
 metadata, and a damaged file can make it raise anything or crash the process (a zeroed block of a few KiB has
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 import re
@@ -65,7 +66,8 @@ COMMIT_STAGES = ("image_built", "tmp_written", "tmp_synced", "replaced", "dir_sy
 
 
 class CheckpointError(Exception):
-    """A checkpoint that cannot be trusted: unreadable, truncated, digest, checksum or content-hash mismatch."""
+    """A checkpoint that cannot be trusted: unreadable, truncated, digest, checksum or content-hash mismatch. Whether
+    its settings suit a run is decided by the run (``hpc_rl.config.setting_changes``), not here."""
 
 
 class CheckpointWriteError(OSError):
@@ -79,6 +81,7 @@ class Checkpoint:
     config_hash: str
     content_hash: str
     sections: dict[str, Any]
+    config: dict[str, Any] | None  # the settings of the run that wrote it (None: written before checkpoints held them)
 
 
 def checkpoint_name(version: int) -> str:
@@ -136,8 +139,9 @@ def verify_digest(data: bytes) -> str | None:
 
 def _content_hash(f: h5py.File) -> str:
     h = hashlib.sha256()
-    for key in ("format", "version", "config_hash"):
-        h.update(f"{key}={f.attrs[key]!r};".encode())
+    for key in ("format", "version", "config_hash", "config"):
+        if key in f.attrs:  # ``config`` since checkpoints hold their settings; an older file's hash is unchanged
+            h.update(f"{key}={f.attrs[key]!r};".encode())
     names: list[str] = []
     f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
     for name in sorted(names):
@@ -164,8 +168,9 @@ def _write_failure(path: Path, err: OSError, size: int, latest: str | None) -> s
 
 
 def commit_checkpoint(directory: str | Path, version: int, sections: dict[str, Any], config_hash: str,
-                      on_stage: Callable[[str], None] | None = None) -> Path:
-    """Write the checkpoint of ``version`` into ``directory`` and make ``latest`` name it, crash-safely.
+                      on_stage: Callable[[str], None] | None = None, config: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint of ``version`` into ``directory`` and make ``latest`` name it, crash-safely. ``config``:
+    the run's settings (JSON-serialisable), which a resume compares with its own.
 
     Raises CheckpointWriteError when a file cannot be written (no temporary file is left; ``latest`` is unchanged).
     """
@@ -178,6 +183,8 @@ def commit_checkpoint(directory: str | Path, version: int, sections: dict[str, A
         f.attrs["format"] = FORMAT
         f.attrs["version"] = int(version)
         f.attrs["config_hash"] = str(config_hash)
+        if config is not None:
+            f.attrs["config"] = json.dumps(config, sort_keys=True)
         for name, tree in sections.items():
             write_tree(f.create_group(name), tree)
         f.attrs["content_hash"] = _content_hash(f)
@@ -211,7 +218,7 @@ def commit_checkpoint(directory: str | Path, version: int, sections: dict[str, A
     return final
 
 
-def load_checkpoint(path: str | Path, config_hash: str | None = None) -> Checkpoint:
+def load_checkpoint(path: str | Path) -> Checkpoint:
     """Load and verify one checkpoint; raise CheckpointError saying why it cannot be trusted.
 
     The file's bytes are checked against its digest before HDF5 parses them (see the module's docstring); a format 1
@@ -240,16 +247,15 @@ def load_checkpoint(path: str | Path, config_hash: str | None = None) -> Checkpo
             if actual != stored:
                 raise CheckpointError(f"{path}: content hash mismatch (stored {stored[:12]}, computed {actual[:12]})")
             sections = {name: read_tree(f[name]) for name in f.keys()}
-            version, stored_config = int(f.attrs["version"]), str(f.attrs["config_hash"])
+            version, config_hash = int(f.attrs["version"]), str(f.attrs["config_hash"])
+            config = json.loads(f.attrs["config"]) if "config" in f.attrs else None
     except CheckpointError:
         raise
     except _PARSE_ERRORS as err:
         raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {err})") from err
-    if config_hash is not None and stored_config != config_hash:
-        raise CheckpointError(f"{path}: written by config {stored_config[:12]}, this run's config is {config_hash[:12]}")
     if checkpoint_version(path) not in (None, version):
         raise CheckpointError(f"{path}: file name says version {checkpoint_version(path)}, content says {version}")
-    return Checkpoint(path, version, stored_config, stored, sections)
+    return Checkpoint(path, version, config_hash, stored, sections, config)
 
 
 def committed_versions(directory: str | Path) -> list[int]:
@@ -260,7 +266,7 @@ def committed_versions(directory: str | Path) -> list[int]:
     return sorted(v for p in directory.iterdir() if (v := checkpoint_version(p)) is not None)
 
 
-def load_latest(directory: str | Path, config_hash: str | None = None) -> Checkpoint | None:
+def load_latest(directory: str | Path) -> Checkpoint | None:
     """The checkpoint ``latest`` names, or else the newest one that verifies, saying which were refused and why.
 
     Returns None when the directory holds no checkpoint; raises CheckpointError when checkpoints exist and none
@@ -279,7 +285,7 @@ def load_latest(directory: str | Path, config_hash: str | None = None) -> Checkp
     refused = []
     for path in candidates:
         try:
-            ckpt = load_checkpoint(path, config_hash)
+            ckpt = load_checkpoint(path)
         except CheckpointError as err:  # a missing file too (pruned since the listing)
             refused.append(str(err))
             log.warning("checkpoint refused: %s", err)

@@ -3,7 +3,8 @@
     runs/                      the runs directory (``runs_dir``); a Hydra sweep's members share one
       index.tsv                one line per new run: its name and the command line's overrides
       <run_name>/              ``RunLayout``
-        lock  config.yaml  meta.json  metrics.h5  checkpoints/  pool.h5  ratings.json  status.json  accounting.json
+        lock  config.yaml  config_changes.jsonl  meta.json  metrics.h5  checkpoints/  pool.h5  ratings.json
+        status.json  accounting.json
         summary.json  replay.gif  logs/rank_<k>.log  tensorboard/  <job>.json (a job's report, e.g. vs_scripted.json)
 """
 
@@ -42,6 +43,11 @@ class RunLayout:
     def config(self) -> Path:
         """The run's TrainConfig as YAML (what a resumed or evaluated run is rebuilt from)."""
         return self.root / "config.yaml"
+
+    @property
+    def config_changes(self) -> Path:
+        """The settings each resume changed: one JSON line per setting (version, key, old, new, time), appended."""
+        return self.root / "config_changes.jsonl"
 
     @property
     def meta(self) -> Path:

@@ -2,6 +2,7 @@
 
     run = open_run("runs/my_run")
     run.config, run.meta                 # config.yaml and meta.json as dicts
+    run.config_changes                   # the settings each resume changed: [{"version", "key", "old", "new", ...}]
     run.metrics["train/policy_loss"]     # structured array (version, step, wall_time, value)
     run.checkpoint_versions              # committed versions, ascending
     run.load_checkpoint()                # the verified latest one (falls back past corrupt files)
@@ -18,6 +19,7 @@ pandas is imported by the ``*_frame`` methods only. docs/FORMAT.md specifies eve
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -58,6 +60,10 @@ class Run:
     @property
     def meta(self) -> dict[str, Any]:
         return _json_or_empty(self.layout.meta)
+
+    @property
+    def config_changes(self) -> list[dict[str, Any]]:
+        return read_config_changes(self.layout.config_changes)
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -181,6 +187,27 @@ def write_meta(run_dir: str | Path, **fields: Any) -> Path:
     }
     write_json_durably(layout.meta, meta)
     return layout.meta
+
+
+def read_config_changes(path: str | Path) -> list[dict[str, Any]]:
+    """The lines of ``config_changes.jsonl`` in the order written ([] without the file)."""
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def record_config_changes(path: str | Path, version: int, changes: list[tuple[str, Any, Any]]) -> list[dict[str, Any]]:
+    """Append to ``config_changes.jsonl`` one line per setting a resume from ``version`` changed: ``{"version", "key",
+    "old", "new", "time"}``. A change recorded already at that version (the same checkpoint resumed again with the
+    same settings) is not repeated. Returns the lines appended."""
+    seen = {(c["version"], c["key"], json.dumps(c["old"]), json.dumps(c["new"])) for c in read_config_changes(path)}
+    lines = [{"version": version, "key": key, "old": old, "new": new, "time": time.time()} for key, old, new in changes
+             if (version, key, json.dumps(old), json.dumps(new)) not in seen]
+    if lines:
+        with open(path, "a") as f:
+            f.write("".join(json.dumps(line) + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+    return lines
 
 
 def open_run(path: str | Path) -> Run:

@@ -15,7 +15,7 @@ import numpy as np
 from hpc_rl.storage import commit_checkpoint, load_latest, prune_checkpoints
 
 directory = sys.argv[1]
-latest = load_latest(directory, config_hash="cfg")
+latest = load_latest(directory)
 version = 0 if latest is None else latest.version
 rng = np.random.default_rng(version)
 while True:

@@ -63,7 +63,7 @@ def main(directory: Path, trials: int, seed: int) -> None:
         trial_path.write_bytes(data)
         print(f"trial {trial}: {what}", flush=True)
         try:
-            loaded = load_checkpoint(trial_path, config_hash="cfg")
+            loaded = load_checkpoint(trial_path)
         except CheckpointError:
             counts["refused"] += 1
             continue
