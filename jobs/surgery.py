@@ -46,21 +46,32 @@ def _leaves(tree: dict, prefix: str = "") -> dict:
 
 
 def resume_overrides(config, source_argv: list[str], changes: dict[str, int]) -> list[str]:
-    """jobs/train.py's overrides that compose ``config`` (so its config hash matches the checkpoint's): the source
-    run's command line, the changes and the learning-rate hold, plus every field today's conf/ composes otherwise."""
+    """jobs/train.py's overrides that compose ``config`` (so its config hash is the checkpoint's): the source run's
+    command line (none if today's conf/ no longer composes it, e.g. a sweep's), the changes and the learning-rate
+    hold, plus every field today's conf/ composes otherwise. Checked by composing them."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
+    from hpc_rl import surgery
     from hpc_rl.config import build_config, register
 
-    replaced = ("-", "run_name=", "runs_dir=", "model.", "ppo.lr_zero_until=")
-    keep = [o for o in source_argv if "=" in o and not o.startswith(replaced)]
-    overrides = [*keep, *(f"{k}={v}" for k, v in changes.items()), f"ppo.lr_zero_until={config.ppo.lr_zero_until}",
-                 f"run_name={config.run_name}", f"runs_dir={config.runs_dir}"]
     register()
+    replaced = ("-", "run_name=", "runs_dir=", "model.", "ppo.lr_zero_until=")
+    ours = [*(f"{k}={v}" for k, v in changes.items()), f"ppo.lr_zero_until={config.ppo.lr_zero_until}",
+            f"run_name={config.run_name}", f"runs_dir={config.runs_dir}"]
+    keep = [o for o in source_argv if "=" in o and not o.startswith(replaced)]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        composed = build_config(compose(config_name="train", overrides=overrides))
-    want, got = _leaves(asdict(config)), _leaves(asdict(composed))
-    overrides += [f"{key}={_override_value(value)}" for key, value in want.items() if got.get(key) != value]
+        try:
+            composed = build_config(compose(config_name="train", overrides=[*keep, *ours]))
+        except (HydraException, OmegaConfBaseException, ValueError):
+            keep = []
+            composed = build_config(compose(config_name="train", overrides=ours))
+        want, got = _leaves(asdict(config)), _leaves(asdict(composed))
+        overrides = [*keep, *ours, *(f"{key}={_override_value(value)}" for key, value in want.items()
+                                     if got.get(key) != value)]
+        if build_config(compose(config_name="train", overrides=overrides)).config_hash() != config.config_hash():
+            raise surgery.SurgeryError("no jobs/train.py overrides found that compose the new run's config")
     return overrides
 
 
@@ -80,30 +91,27 @@ def main(argv: list[str]) -> int:
     try:
         if args.out.exists():
             raise surgery.SurgeryError(f"--out {args.out} exists: surgery writes a new run directory")
-        _, config, _ = load_policy(args.run_dir)  # the run's config, as evaluations rebuild it
+        _, config, version = load_policy(args.run_dir)  # the run's config, as evaluations rebuild it
         changes = surgery.parse_changes(config, args.changes)
-        ckpt = open_run(args.run_dir).load_checkpoint()
-        if ckpt is None:
-            raise surgery.SurgeryError(f"{args.run_dir} has no checkpoint")
+        ckpt = open_run(args.run_dir).load_checkpoint(version)
         warmup = surgery.WARMUP_VERSIONS if args.warmup_versions is None else args.warmup_versions
-        new = surgery.changed(config, changes, ckpt.version, warmup)
+        out = args.out.resolve()
+        new = replace(surgery.changed(config, changes, version, warmup), run_name=out.name, runs_dir=str(out.parent))
         sections = surgery.operate(ckpt.sections, config, new, args.seed)
-        past = surgery.transform_past(surgery.past_versions(args.run_dir, ckpt.version), config, new, args.seed)
+        past = surgery.transform_past(surgery.past_versions(args.run_dir, version), config, new, args.seed)
+        source_meta = open_run(args.run_dir).meta
+        overrides = resume_overrides(new, source_meta.get("argv", [])[1:], changes)
     except (surgery.SurgeryError, CheckpointError, FileNotFoundError) as err:
         print(f"surgery: {err}", file=sys.stderr)
         return 2
-    out = args.out.resolve()
-    new = replace(new, run_name=out.name, runs_dir=str(out.parent))
-    source_meta = open_run(args.run_dir).meta
-    record = {"run_dir": str(args.run_dir.resolve()), "version": ckpt.version, "changes": changes,
+    record = {"run_dir": str(args.run_dir.resolve()), "version": version, "changes": changes,
               "warmup_versions": warmup, "lr_zero_until": new.ppo.lr_zero_until, "seed": args.seed,
               "past_versions": sorted(past)}
     pool = open_run(args.run_dir).layout.pool
-    surgery.write_run(out, new, ckpt.version, sections, past, pool if past else None, surgery_from=record)
-    overrides = resume_overrides(new, source_meta.get("argv", [])[1:], changes)
+    surgery.write_run(out, new, version, sections, past, pool if past else None, surgery_from=record)
     world = source_meta.get("world_size", 6)
     command = shlex.join([sys.executable, "-m", "hpc_rl.launch", str(world), "jobs/train.py", *overrides])
-    print(f"{out}: version {ckpt.version} of {args.run_dir} with {', '.join(args.changes)}; learning rate 0 until "
+    print(f"{out}: version {version} of {args.run_dir} with {', '.join(args.changes)}; learning rate 0 until "
           f"version {new.ppo.lr_zero_until}")
     print(f"resume: {command}")
     print(json.dumps({"out": str(out), "surgery_from": record, "resume": overrides}))
