@@ -1,9 +1,10 @@
 """Surgery on a run: its latest good checkpoint, changed by ``hpc_rl.model.surgery``, as the first checkpoint of a new
 run that ``jobs/train.py`` resumes with the changed config (``jobs/surgery.py``; docs/surgery.md).
 
-    changes = parse_changes(config, ["model.lstm_size=192"])     # checked: known, changeable, wider
-    sections = operate(ckpt.sections, config, changed(config, changes))   # params, Adam, clip for the new shapes
-    write_run(out, new_config, version, sections, surgery_from={...})
+    changes = parse_changes(config, ["model.lstm_size=192"])    # checked: known, changeable, wider
+    new = changed(config, changes, ckpt.version)                # the changes, and the learning rate held at 0
+    sections = operate(ckpt.sections, config, new)              # params, Adam, clip for the new shapes
+    write_run(out, new, ckpt.version, sections, surgery_from={...})
 
 The new run's checkpoint keeps the source's version, normaliser statistics and learner state, so its metrics and
 version numbers continue the source's; the opponent pool's past versions go through the same surgery (OpenAI Five:
