@@ -219,10 +219,15 @@ def test_surgery_of_a_trained_run_resumes_and_trains(tmp_path, capsys):
     assert job.main([str(tmp_path / "nockpt"), "--out", str(tmp_path / "x"), "model.lstm_size=24"]) == 2
     assert "no checkpoint" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
+    # A command line today's conf/ cannot compose (a sweep's) is left out of the resume overrides.
+    meta_path = tmp_path / "src" / "meta.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()),
+                                     "argv": ["jobs/train.py", "ppo.epochs=1,2", "--multirun"]}))
     out = tmp_path / "wide"
     assert job.main([str(tmp_path / "src"), "--out", str(out), "model.lstm_size=24", "model.embed_size=12",
                      "--warmup-versions", "1"]) == 0
     report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert not any(o.startswith(("ppo.epochs=1,2", "--")) for o in report["resume"])
     meta = open_run(out).meta
     assert meta["surgery_from"]["version"] == 2 and meta["surgery_from"]["changes"] == {"model.lstm_size": 24,
                                                                                         "model.embed_size": 12}
