@@ -41,6 +41,11 @@ class PPOConfig:
     # The learner's forward pass and losses: "float32", or "bfloat16" (mixed precision: autocast to bf16 where
     # PyTorch deems it safe; parameters, gradients, Adam and the clip stay float32). docs/GPU.md measures both.
     precision: str = "float32"
+    # The learning rate is 0 before this version (0: never). A run made by model surgery (jobs/surgery.py) sets it a
+    # few versions past the surgery's: the learner then steps with lr 0, so that the Adam moments and clip statistics
+    # it reset for the changed parameters re-form from fresh gradients before they move any parameter (OpenAI Five
+    # held the learning rate at 0 for hours after each surgery).
+    lr_zero_until: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.lam <= 1.0:
@@ -53,5 +58,12 @@ class PPOConfig:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         if self.clip_k <= 0:
             raise ValueError(f"clip_k must be > 0, got {self.clip_k}")
+        if self.lr_zero_until < 0:
+            raise ValueError(f"lr_zero_until must be >= 0, got {self.lr_zero_until}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+
+    def learning_rate(self, version: int) -> float:
+        """The Adam learning rate of the update that makes ``version + 1``: the schedule, or 0 before
+        ``lr_zero_until``."""
+        return 0.0 if version < self.lr_zero_until else self.lr(version)

@@ -82,7 +82,7 @@ class Learner:
         if columns < cfg.num_minibatches:
             raise ValueError(f"{columns} BPTT chunks cannot fill {cfg.num_minibatches} minibatches")
 
-        lr = cfg.lr(self.version)
+        lr = cfg.learning_rate(self.version)
         entropy_coef = cfg.entropy_coef(self.version)
         for group in self.optimizer.param_groups:
             group["lr"] = lr

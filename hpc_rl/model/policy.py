@@ -54,6 +54,11 @@ def hero_indices(spec: EnvSpec) -> np.ndarray:
     return index
 
 
+def norm_keys(spec: EnvSpec) -> list[str]:
+    """The normalised observation keys; the i-th one's statistics are the buffers ``obs_mean_<i>``, ``obs_std_<i>``."""
+    return (["global"] if spec.global_features else []) + [f"entities/{e.name}" for e in spec.entities]
+
+
 class Policy(nn.Module):
     def __init__(self, spec: EnvSpec, config: ModelConfig | None = None):
         super().__init__()
@@ -65,7 +70,7 @@ class Policy(nn.Module):
         self.has_target = spec.num_targets > 0 and any(spec.action_uses_target)
 
         # Observation normalisation ships inside the parameters (buffers), so actors and learners agree on it.
-        self.norm_keys = (["global"] if spec.global_features else []) + [f"entities/{e.name}" for e in spec.entities]
+        self.norm_keys = norm_keys(spec)
         widths = ([spec.global_features] if spec.global_features else []) + [e.num_features for e in spec.entities]
         for i, width in enumerate(widths):
             self.register_buffer(f"obs_mean_{i}", torch.zeros(width))
@@ -184,6 +189,11 @@ class Policy(nn.Module):
         return PolicyStep({k: v.reshape(shape) for k, v in chosen.items()}, logp.reshape(shape),
                           entropy.reshape(shape), value.reshape(shape), new_state, teacher_logp)
 
+    def target_scores(self, h: torch.Tensor, units: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """The target head's logits (M, num_targets) on core outputs ``h`` (M, H) for primary actions ``action``."""
+        gated_query = self.target_query(h) * torch.sigmoid(self.action_embed(action))
+        return torch.einsum("mud,md->mu", units, gated_query) / math.sqrt(units.shape[-1])
+
     def _heads(self, h: torch.Tensor, units: torch.Tensor | None, obs: dict[str, torch.Tensor],
                given: dict[str, torch.Tensor] | None, deterministic: bool
                ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
@@ -203,9 +213,8 @@ class Policy(nn.Module):
             logp = logp + torch.where(used, lp.gather(1, chosen["move"].unsqueeze(1)).squeeze(1), 0.0)
             entropy = entropy + torch.where(used, masked_entropy(lp, applied), 0.0)
         if self.target_query is not None:
-            gated_query = self.target_query(h) * torch.sigmoid(self.action_embed(action))
-            scores = torch.einsum("mud,md->mu", units, gated_query) / math.sqrt(units.shape[-1])
-            lp, applied, usable = masked_log_softmax(scores, obs["target_mask"].reshape(m, -1))
+            lp, applied, usable = masked_log_softmax(self.target_scores(h, units, action),
+                                                     obs["target_mask"].reshape(m, -1))
             chosen["target"] = sample(lp, deterministic) if given is None else given["target"]
             used = self.uses_target[action] & usable
             logp = logp + torch.where(used, lp.gather(1, chosen["target"].unsqueeze(1)).squeeze(1), 0.0)

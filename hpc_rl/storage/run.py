@@ -172,12 +172,22 @@ def git_state(repo: str | Path | None = None) -> dict[str, Any]:
     return {"git_sha": sha, "git_dirty": None if status is None else bool(status)}
 
 
+# What meta.json keeps from its previous version when a start rewrites it: how the run came to be, not this start.
+KEPT_META = ("surgery_from",)
+
+
 def write_meta(run_dir: str | Path, **fields: Any) -> Path:
     """Write ``meta.json``: git sha and dirty flag, every SLURM_* variable, host, command line, start time, and
-    ``fields`` (world size, rank -> role map, transport backend, ...). Replaced atomically."""
+    ``fields`` (world size, rank -> role map, transport backend, ...), keeping the previous file's ``KEPT_META``.
+    Replaced atomically."""
     layout = RunLayout(run_dir)
     layout.root.mkdir(parents=True, exist_ok=True)
+    try:
+        previous = _json_or_empty(layout.meta)
+    except ValueError:  # not JSON: nothing to keep, and this start replaces it
+        previous = {}
     meta = {
+        **{key: previous[key] for key in KEPT_META if key in previous},
         **git_state(),
         "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": socket.gethostname(),
