@@ -221,6 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     skipped = sum(len(d) for d in done.values())
     print(f"{total} members in {len(panels)} panel(s): {skipped} finished (skipped), {total - skipped} to run, "
           f"{args.parallel} at a time", flush=True)
+    return launch(panels, done, total, args)
+
+
+def launch(panels: list[Panel], done: dict[str, set], total: int, args) -> int:
+    """Run the pending members of ``panels`` (``run_panels``), refusing to while jobs of an earlier sitting are still
+    in Slurm, and ending the sitting cleanly on a stop signal."""
     if not args.dry_run:
         for panel in panels:  # a sitting ended by SIGKILL leaves its jobs behind: they would run members twice
             earlier = active_jobs(submitted_jobs(args.runs / panel.name / ".submitit"))
