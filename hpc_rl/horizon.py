@@ -97,6 +97,8 @@ def prepare_member(base_dir: Path, version: int, out: Path, record: dict) -> Pat
     from hpc_rl.storage import load_checkpoint, open_run
     from hpc_rl.surgery import past_versions, write_run
 
+    if out.exists():
+        raise ValueError(f"{out} exists: a member starts as a new run directory")
     _, config, _ = load_policy(base_dir, version)
     run = open_run(base_dir)
     past = {v: load_checkpoint(path).sections for v, path in past_versions(base_dir, version).items()}
@@ -257,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"{args.base} trains {config.env.name}: Figure 6 rates MOBA runs against their own past")
     meta = open_run(args.base).meta
     experiment, base_overrides = member_overrides(meta.get("argv", [])[1:])
-    args.experiment = args.experiment or experiment or "null"
+    args.experiment = args.experiment or experiment
     args.overrides = [*base_overrides, *args.overrides]
     args.ranks = args.ranks or meta.get("world_size")
     if not args.ranks:

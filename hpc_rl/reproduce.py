@@ -126,7 +126,8 @@ def launch_groups(pending: Iterable[tuple[str, str]]) -> list[tuple[tuple[str, .
 
 
 def multirun_command(python: str, panel: Panel, values: Sequence[str], seeds: Sequence[str], args) -> list[str]:
-    return [python, str(ROOT / "jobs" / "train.py"), "-m", f"ablation={panel.name}", f"experiment={args.experiment}",
+    preset = [f"experiment={args.experiment}"] if args.experiment else []  # none: conf/train.yaml's own settings
+    return [python, str(ROOT / "jobs" / "train.py"), "-m", f"ablation={panel.name}", *preset,
             "hydra/launcher=local_slurm", f"hydra.launcher.tasks_per_node={args.ranks}",
             f"hydra.launcher.array_parallelism={args.parallel}", f"hydra.sweep.dir={args.runs / panel.name}",
             f"pipeline.max_versions={panel.versions}", f"{panel.key}={','.join(values)}", f"seed={','.join(seeds)}",
