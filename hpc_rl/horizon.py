@@ -129,14 +129,17 @@ def pooled_rows(records: Sequence[dict], z: float = 1.96) -> list[dict]:
 def rate_members(base_dir: Path, base_version: int, sweep_dir: Path, members: Sequence[tuple[str, str]],
                  gammas: dict[str, float], args) -> list[dict]:
     """Each member's ``rating_versions`` against the frozen base version, one record per (member, version): the
-    ones ``<out>/figure6.json`` holds for the same games, seed and base are reused, the rest played and added to it."""
+    ones ``<out>/figure6.json`` holds for the same games, seed and base are reused, the rest played and added to it
+    (records of other settings stay in the file)."""
     from hpc_rl.evaluation import load_policy, play_match
     from hpc_rl.storage import open_run
 
     store = args.out / "figure6.json"
     kept = json.loads(store.read_text()) if store.is_file() else []
     same = {"base": str(base_dir), "base_version": base_version, "games_per_point": args.games, "seed": args.seed}
-    known = {(r["member"], r["version"]): r for r in kept if all(r.get(k) == v for k, v in same.items())}
+    matches = [all(r.get(k) == v for k, v in same.items()) for r in kept]
+    known = {(r["member"], r["version"]): r for r, match in zip(kept, matches) if match}
+    others = [r for r, match in zip(kept, matches) if not match]  # other games, seed or base: kept, not shown
     frozen = None
 
     def played(name: str, version: int, player_dir: Path, record: dict) -> dict:
@@ -150,7 +153,8 @@ def rate_members(base_dir: Path, base_version: int, sweep_dir: Path, members: Se
                                       "after": version - base_version,
                                       **{k: result[k] for k in ("games", "wins", "draws", "losses", "win_rate")}}
             args.out.mkdir(parents=True, exist_ok=True)
-            store.write_text(json.dumps(sorted(known.values(), key=lambda r: (r["member"], r["version"])), indent=1))
+            ours = sorted(known.values(), key=lambda r: (r["member"], r["version"]))
+            store.write_text(json.dumps(others + ours, indent=1))
         found = known[(name, version)]
         print(f"{name} v{version} (+{found['after']}) vs v{base_version}: {found['wins']}/{found['games']} wins, "
               f"{found['draws']} draws", flush=True)
@@ -186,13 +190,15 @@ def write_figure(records: Sequence[dict], out: Path, base: str) -> list[Path]:
     for horizon in sorted({r["horizon_s"] for r in rows}):
         line = [r for r in rows if r["horizon_s"] == horizon]
         x = [r["after"] for r in line]
-        drawn = ax.plot(x, [r["win_rate"] for r in line], marker="o", label=f"H = {horizon:g} s (γ = {line[0]['gamma']})")
+        drawn = ax.plot(x, [r["win_rate"] for r in line], marker="o",
+                        label=f"H = {horizon:g} s (γ = {line[0]['gamma']})")
         ax.fill_between(x, [r["ci95"][0] for r in line], [r["ci95"][1] for r in line], color=drawn[0].get_color(),
                         alpha=0.15)
     if reference is not None:
         ax.axhline(reference["win_rate"], color="grey", linestyle=":", linewidth=1,
                    label=f"the base against itself ({reference['draws']} draws in {reference['games']})")
     ax.set_ylim(0, 1)
+    ax.set_xlim(left=0)  # the resume point, where every member is the base
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("versions after the resume")
     ax.set_ylabel(f"win rate against {base}")
