@@ -231,7 +231,7 @@ def parser() -> argparse.ArgumentParser:
                    help="horizons H in seconds of game time (default 45 90 180 360 720)")
     p.add_argument("--versions", type=int, default=500, help="versions each member trains after the resume point "
                    "(default 500)")
-    p.add_argument("--seeds", nargs="+", help="seeds of every horizon (default: the base run's seed)")
+    p.add_argument("--seeds", nargs="+", help="seeds of every horizon (default: conf/ablation/horizon.yaml's, 3)")
     p.add_argument("--parallel", type=int, default=1, help="members running at once (Slurm array parallelism)")
     p.add_argument("--experiment", help="the members' preset, conf/experiment/<name>.yaml (default: the base run's "
                    "experiment= in its meta.json argv)")
@@ -275,8 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         gammas = {gamma_text(h, step): h for h in args.horizons}
     except ValueError as err:
         raise SystemExit(f"--horizons: {err}") from None
-    seeds = tuple(args.seeds or [str(config.seed)])
-    panel = replace(read_panel(PANEL), values=tuple(gammas), seeds=seeds, versions=base_version + args.versions)
+    panel = read_panel(PANEL)
+    panel = replace(panel, values=tuple(gammas), seeds=tuple(args.seeds) if args.seeds else panel.seeds,
+                    versions=base_version + args.versions)
     sweep_dir = args.runs / PANEL
     print(f"{args.base} at version {base_version} (gamma {config.ppo.gamma}, horizon "
           f"{horizon_of(config.ppo.gamma(base_version), step):.1f} s; T = {step:.4g} s a step): "

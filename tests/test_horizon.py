@@ -119,18 +119,18 @@ def test_figure6_resumes_a_run_at_two_horizons_on_slurm_and_rates_it(slurm_clust
     first = subprocess.run(command, cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=240)
     assert first.returncode == 0, first.stdout + first.stderr
     for horizon in (45, 720):
-        member = open_run(runs / "horizon" / member_name(gamma_text(horizon, MOBA_STEP_S), 0))
+        member = open_run(runs / "horizon" / member_name(gamma_text(horizon, MOBA_STEP_S), 3))
         assert member.summary["state"] == "finished" and member.summary["version"] == 4
-        # The resume recorded what differs from the base run's settings: gamma, and the one-process base's own
-        # topology and transport (SerialRunner's) against the MPI job's.
+        # The resume recorded what differs from the base run's settings: gamma, the seed, and the one-process
+        # base's own topology and transport (SerialRunner's) against the MPI job's.
         changes = {c["key"]: c for c in member.config_changes}
-        assert sorted(changes) == ["ppo.gamma", "topology.env", "transport.backend"]
+        assert sorted(changes) == ["ppo.gamma", "seed", "topology.env", "transport.backend"]
         change = changes["ppo.gamma"]
         assert (change["version"], change["old"]["start"]) == (2, 0.995)
         assert change["new"]["start"] == pytest.approx(gamma_for(horizon, MOBA_STEP_S), abs=1e-8)
         assert member.meta["horizon_from"]["horizon_s"] == horizon and member.meta["resumed_from"] == 2
     records = json.loads((out / "figure6.json").read_text())
-    members = [member_name(gamma_text(h, MOBA_STEP_S), 0) for h in (45, 720)]
+    members = [member_name(gamma_text(h, MOBA_STEP_S), 3) for h in (45, 720)]
     assert sorted((r["member"], r["version"], r["games"]) for r in records) == \
         [(BASE, 2, 4)] + [(name, v, 4) for name in members for v in (3, 4)]
     assert (out / "figure6.png").stat().st_size > 0 and "| 720 " in (out / "figure6.md").read_text()
