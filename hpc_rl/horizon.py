@@ -13,8 +13,9 @@ pool's past versions, into one run directory per (horizon, seed) under ``<runs>/
 ``conf/ablation/horizon.yaml`` (sweeping ``ppo.gamma.start``) driven as ``hpc_rl.reproduce`` drives Figure 5: each
 member one Slurm array task through the submitit launcher, resuming its copy with the base run's own command line
 (its preset and overrides) and the new gamma, to ``pipeline.max_versions`` = B + ``--versions``. Each resume
-records in its ``config_changes.jsonl`` what differs from the base run's settings (gamma; anything else is listed
-in the table). Finished members are skipped, started ones resume; stop and resume as with ``make reproduce``.
+records in its ``config_changes.jsonl`` what differs from the base run's settings (gamma and the seed; anything
+else is listed in the table). Finished members are skipped, started ones resume (a member made from another run or
+version is refused: ``--version`` picks the base's); stop and resume as with ``make reproduce``.
 
 Rating: ``--points`` checkpoints of each member, spread evenly over its versions after B (the committed checkpoint
 nearest each), each play ``--games`` mirrored games (``hpc_rl.evaluation.play_match``: both sides, fixed
@@ -104,6 +105,17 @@ def prepare_member(base_dir: Path, version: int, out: Path, record: dict) -> Pat
     past = {v: load_checkpoint(path).sections for v, path in past_versions(base_dir, version).items()}
     return write_run(out, config, version, run.load_checkpoint(version).sections, past,
                      run.layout.pool if past else None, horizon_from=record)
+
+
+def check_member(out: Path, base_dir: Path, version: int) -> None:
+    """Refuse a member directory made from another run or version than the one this sitting resumes."""
+    from hpc_rl.storage import open_run
+
+    made = open_run(out).meta.get("horizon_from") or {}
+    if (made.get("run_dir"), made.get("version")) != (str(base_dir), version):
+        raise SystemExit(f"{out} was made from {made.get('run_dir', 'no base run')} at version "
+                         f"{made.get('version')}, not {base_dir} at version {version}: pass --version "
+                         f"{made.get('version')} to go on with it, or another --runs")
 
 
 def pooled_rows(records: Sequence[dict], z: float = 1.96) -> list[dict]:
@@ -227,6 +239,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("base", type=Path, help="the trained MOBA run directory to resume (read only)")
     p.add_argument("--runs", type=Path, default=Path("runs/figure6"),
                    help="the members' runs go into <runs>/horizon/ (default runs/figure6)")
+    p.add_argument("--version", type=int, help="the base run's version to resume (default: its latest good "
+                   "checkpoint)")
     p.add_argument("--horizons", type=float, nargs="+", default=list(HORIZONS_S),
                    help="horizons H in seconds of game time (default 45 90 180 360 720)")
     p.add_argument("--versions", type=int, default=500, help="versions each member trains after the resume point "
@@ -258,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args.base, args.runs = args.base.resolve(), args.runs.resolve()  # the multirun runs in the checkout's root
     try:
-        _, config, base_version = load_policy(args.base)
+        _, config, base_version = load_policy(args.base, args.version)
     except FileNotFoundError as err:
         raise SystemExit(f"{args.base}: {err}") from None
     if not config.env.is_moba:
@@ -288,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{len(panel.members) - len(done[PANEL])} to run, {args.parallel} at a time", flush=True)
         for gamma, seed in panel.members:
             out = sweep_dir / member_name(gamma, seed)
+            if out.exists():
+                check_member(out, args.base, base_version)
             if (gamma, seed) in done[PANEL] or out.exists() or args.dry_run:
                 continue
             prepare_member(args.base, base_version, out, {

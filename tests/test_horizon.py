@@ -92,6 +92,23 @@ def test_a_member_starts_from_the_base_runs_checkpoint(tmp_path):
         prepare_member(base, 2, out, {})
 
 
+def test_members_of_another_base_version_are_refused(tmp_path, capsys):
+    from small_moba import tiny_run
+
+    from hpc_rl.horizon import main
+
+    base = tiny_run(tmp_path / "base", versions=(2, 4))
+    runs = tmp_path / "figure6"
+    prepare_member(base, 2, runs / "horizon" / member_name(gamma_text(45, MOBA_STEP_S), 3),
+                   {"run_dir": str(base), "version": 2})
+    command = [str(base), "--runs", str(runs), "--horizons", "45", "90", "--ranks", "5", "--dry-run"]
+    with pytest.raises(SystemExit, match="at version 2, not .* at version 4: pass --version 2"):
+        main(command)  # the base's latest good checkpoint is version 4 now
+    assert main([*command, "--version", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "0 finished (skipped), 2 to run" in out and "ppo.gamma.start=0.99703704,0.99851852 seed=3" in out
+
+
 # A MOBA run small enough to resume and rate in seconds: short games, a tiny network, 5 ranks (one learner).
 TINY = ["topology=local_one_learner", "env.num_envs=2", "env.vs_scripted_fraction=1.0", "env.moba.time_limit=200",
         "model.lstm_size=16", "model.embed_size=8", "pipeline.segment_len=16", "pipeline.segments_per_batch=1",
