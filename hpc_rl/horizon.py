@@ -145,6 +145,7 @@ def rate_members(base_dir: Path, base_version: int, sweep_dir: Path, members: Se
     (records of other settings stay in the file)."""
     from hpc_rl.evaluation import load_policy, play_match
     from hpc_rl.storage import open_run
+    from hpc_rl.storage.hdf5 import write_json_durably
 
     store = args.out / "figure6.json"
     kept = json.loads(store.read_text()) if store.is_file() else []
@@ -166,7 +167,7 @@ def rate_members(base_dir: Path, base_version: int, sweep_dir: Path, members: Se
                                       **{k: result[k] for k in ("games", "wins", "draws", "losses", "win_rate")}}
             args.out.mkdir(parents=True, exist_ok=True)
             ours = sorted(known.values(), key=lambda r: (r["member"], r["version"]))
-            store.write_text(json.dumps(others + ours, indent=1))
+            write_json_durably(store, others + ours)  # replaced whole: a stopped rating loses no earlier point
         found = known[(name, version)]
         print(f"{name} v{version} (+{found['after']}) vs v{base_version}: {found['wins']}/{found['games']} wins, "
               f"{found['draws']} draws", flush=True)
