@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 BENCHES ?= env transport learner learning e2e surgery
 export OMP_NUM_THREADS := 1
 
-.PHONY: setup test test-fast test-light train bench reproduce reproduce-1v1 cluster-up cluster-down clean help
+.PHONY: setup test test-fast test-light train bench reproduce reproduce-1v1 figure6 cluster-up cluster-down clean help
 
 help:
 	@echo "make setup      install Open MPI, Slurm, munge, the .venv (torch CPU, mpi4py, h5py, hydra, submitit) and Horovod"
@@ -16,6 +16,7 @@ help:
 	@echo "make bench      setup + every benchmark, one JSON line each (BENCHES=\"$(BENCHES)\")"
 	@echo "make reproduce  setup + OpenAI Five's Figure 5 (batch size, staleness, reuse sweeps) on the local Slurm, resumable; plots in docs/figures/figure5"
 	@echo "make reproduce-1v1   setup + MOBA 1v1 (small map) trained 60 CPU-minutes against the scripted bot, then 400 evaluation games"
+	@echo "make figure6 RUN=<run>   setup + OpenAI Five's Figure 6: a trained MOBA run resumed at 5 horizons on the local Slurm, rated against itself; docs/figures/figure6"
 	@echo "make cluster-up / cluster-down   the local single-node Slurm cluster"
 
 setup:
@@ -58,6 +59,15 @@ REPRO_MINUTES ?= 60
 reproduce-1v1: setup
 	$(PY) jobs/vs_scripted.py --minutes $(REPRO_MINUTES) --clock cpu env=moba_1v1_small \
 		run_name=vs_scripted-$$(date +%Y%m%d-%H%M%S)
+
+# OpenAI Five's Figure 6 (hpc_rl/horizon.py; docs/analysis.md, "Figure 6"): RUN, a trained MOBA run (a name under
+# $(RUNS_DIR) or a path; read only), resumed at horizons 45 .. 720 s, each member one Slurm array task; resumable.
+# e.g. make figure6 RUN=c60 FIGURE6_ARGS="--versions 300 --games 200"
+FIGURE6_ARGS ?=
+figure6: setup
+	@[ "$(origin RUN)" = "command line" ] || { echo "make figure6 needs RUN=<a trained MOBA run: a name under $(RUNS_DIR) or a path>"; exit 2; }
+	bash slurm/local_cluster.sh up
+	$(PY) -m hpc_rl.horizon $(if $(wildcard $(RUNS_DIR)/$(RUN)/config.yaml),$(RUNS_DIR)/$(RUN),$(RUN)) $(FIGURE6_ARGS)
 
 cluster-up:
 	@bash slurm/local_cluster.sh up

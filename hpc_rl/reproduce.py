@@ -126,7 +126,8 @@ def launch_groups(pending: Iterable[tuple[str, str]]) -> list[tuple[tuple[str, .
 
 
 def multirun_command(python: str, panel: Panel, values: Sequence[str], seeds: Sequence[str], args) -> list[str]:
-    return [python, str(ROOT / "jobs" / "train.py"), "-m", f"ablation={panel.name}", f"experiment={args.experiment}",
+    preset = [f"experiment={args.experiment}"] if args.experiment else []  # none: conf/train.yaml's own settings
+    return [python, str(ROOT / "jobs" / "train.py"), "-m", f"ablation={panel.name}", *preset,
             "hydra/launcher=local_slurm", f"hydra.launcher.tasks_per_node={args.ranks}",
             f"hydra.launcher.array_parallelism={args.parallel}", f"hydra.sweep.dir={args.runs / panel.name}",
             f"pipeline.max_versions={panel.versions}", f"{panel.key}={','.join(values)}", f"seed={','.join(seeds)}",
@@ -221,6 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     skipped = sum(len(d) for d in done.values())
     print(f"{total} members in {len(panels)} panel(s): {skipped} finished (skipped), {total - skipped} to run, "
           f"{args.parallel} at a time", flush=True)
+    return launch(panels, done, total, args)
+
+
+def launch(panels: list[Panel], done: dict[str, set], total: int, args) -> int:
+    """Run the pending members of ``panels`` (``run_panels``), refusing to while jobs of an earlier sitting are still
+    in Slurm, and ending the sitting cleanly on a stop signal."""
     if not args.dry_run:
         for panel in panels:  # a sitting ended by SIGKILL leaves its jobs behind: they would run members twice
             earlier = active_jobs(submitted_jobs(args.runs / panel.name / ".submitit"))

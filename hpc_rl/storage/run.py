@@ -173,7 +173,7 @@ def git_state(repo: str | Path | None = None) -> dict[str, Any]:
 
 
 # What meta.json keeps from its previous version when a start rewrites it: how the run came to be, not this start.
-KEPT_META = ("surgery_from",)
+KEPT_META = ("surgery_from", "horizon_from")
 
 
 def write_meta(run_dir: str | Path, **fields: Any) -> Path:
