@@ -320,9 +320,13 @@ class TrainConfig:
         """Every field as nested JSON values: what a checkpoint records and a resume compares (``setting_changes``)."""
         return json.loads(json.dumps(asdict(self), default=str))
 
-    def config_hash(self) -> str:
-        """Hash of what changes the learning problem (not run_name, runs_dir or stopping limits)."""
+    def config_hash(self, written: dict | None = None) -> str:
+        """Hash of what changes the learning problem (not run_name, runs_dir or stopping limits). ``written``: a
+        config.yaml as an older version of this code wrote it; the fields it lacks (added since, so at their defaults
+        in a config built from it) are left out, so the hash is the one that version gave its checkpoints."""
         d = asdict(self)
+        if written is not None:
+            d = _known(d, written)
         for key in ("run_name", "runs_dir"):
             d.pop(key)
         # Evaluator ranks only watch the checkpoints: adding one to a resumed run keeps its learning problem.
@@ -447,6 +451,12 @@ def register() -> None:
     _register_resolvers()
     schema = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
     ConfigStore.instance().store(name="train_schema", node=schema)
+
+
+def _known(d: dict, written: dict) -> dict:
+    """``d`` without the keys ``written`` lacks, at every level (a schedule, written whole, stays whole)."""
+    return {k: _known(v, written[k]) if isinstance(v, dict) and isinstance(written[k], dict) else v
+            for k, v in d.items() if k in written}
 
 
 def build_config(cfg: DictConfig | dict) -> TrainConfig:

@@ -130,3 +130,19 @@ def test_a_checkpoint_written_before_checkpoints_held_settings_is_compared_with_
     # config.yaml now holds lam 0.9: neither it nor the run says what the checkpoint was trained with.
     with pytest.raises(ResumeError, match="records no settings"):
         open_run_dir(_config(tmp_path, "ppo.lam=0.8"))
+
+
+def test_a_run_written_before_a_setting_existed_resumes(tmp_path):
+    """A checkpoint and config.yaml from code that had no ``ppo.lr_zero_until`` yet: the hash that code gave the
+    checkpoint leaves the field out, and the resume finds the settings by hashing config.yaml as written."""
+    old = _config(tmp_path)
+    layout = RunLayout.of(old.runs_dir, old.run_name)
+    layout.root.mkdir()
+    written = OmegaConf.to_container(OmegaConf.create(to_yaml(old)))
+    del written["ppo"]["lr_zero_until"]
+    layout.config.write_text(OmegaConf.to_yaml(OmegaConf.create(written)))
+    legacy_hash = old.config_hash(written)
+    assert legacy_hash != old.config_hash()
+    commit_checkpoint(layout.checkpoints, 4, {"params": {"w": np.zeros(3)}}, legacy_hash)  # no settings
+    assert open_run_dir(_config(tmp_path, "ppo.lam=0.9")).version == 4
+    assert [(c["key"], c["old"], c["new"]) for c in open_run(layout.root).config_changes] == [("ppo.lam", 0.95, 0.9)]

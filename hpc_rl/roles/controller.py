@@ -99,11 +99,13 @@ def _trained_settings(ckpt: Checkpoint, layout: RunLayout, config: TrainConfig) 
     if ckpt.config is not None:
         return ckpt.config
     if layout.config.is_file():
+        written = yaml.safe_load(layout.config.read_text())
         try:
-            previous = build_config(yaml.safe_load(layout.config.read_text()))
+            previous = build_config(written) if isinstance(written, dict) else None
         except ValueError:  # written by a version of the code whose settings differ
             previous = None
-        if previous is not None and previous.config_hash() == ckpt.config_hash:
+        # Hashed as the code that wrote config.yaml hashed it: settings added since are left out.
+        if previous is not None and previous.config_hash(written) == ckpt.config_hash:
             return previous.settings()
     if config.config_hash() == ckpt.config_hash:
         return config.settings()
