@@ -79,14 +79,19 @@ def _grow_columns(table: torch.Tensor, extra: int, values: torch.Tensor) -> torc
     return torch.cat([table, values.to(table.dtype).reshape(table.shape[0], extra)], dim=1)
 
 
+def _growth(name: str, old: int, new: int) -> int:
+    """The units a widening of ``name`` from ``old`` to ``new`` adds; a shrinking is refused."""
+    if new < old:
+        raise ValueError(f"{name} {old} -> {new}: surgery widens layers, it does not shrink them")
+    return new - old
+
+
 def widen_embed(params: Params, spec: EnvSpec, size: int, generator: torch.Generator) -> Params:
     """model.embed_size d → ``size``: the global encoder, hero, type and action embeddings and every entity
     encoder get new units; the core's input layer, the pooling queries and the target query ignore them. Exact."""
-    params = dict(params)
     d = params["hero_embed.weight"].shape[1]
-    extra = size - d
-    if extra < 0:
-        raise ValueError(f"embed_size {d} -> {size}: surgery widens layers, it does not shrink them")
+    extra = _growth("embed_size", d, size)
+    params = dict(params)
     if extra == 0:
         return params
     if spec.global_features:
@@ -125,11 +130,9 @@ def widen_core(params: Params, config: ModelConfig, size: int, generator: torch.
     """model.lstm_size H → ``size``, the core's hidden size. Feed-forward core: exact (new units' outgoing weights
     zero). LSTM: every new weight at ``scale`` × PyTorch's initialisation U(±1/√H), the heads' weights from the new
     units too; the input layer's new units feed only those small weights."""
-    params = dict(params)
     hidden = params["core_in.0.weight"].shape[0]
-    extra = size - hidden
-    if extra < 0:
-        raise ValueError(f"lstm_size {hidden} -> {size}: surgery widens layers, it does not shrink them")
+    extra = _growth("lstm_size", hidden, size)
+    params = dict(params)
     if extra == 0:
         return params
     _add_outputs(params, "core_in.0", extra, generator)
