@@ -36,13 +36,14 @@ from pathlib import Path
 
 from hpc_rl.reproduce import finished_members, launch, read_panel
 from hpc_rl.stats import wilson_interval
+from hpc_rl.storage.run import command_overrides
 
 PANEL = "horizon"  # conf/ablation/horizon.yaml
 BASE = "base"  # the rating record of the frozen version against itself
 HORIZONS_S = (45.0, 90.0, 180.0, 360.0, 720.0)  # the paper's Figure 6
 # The base run's command-line settings each member sets itself (or the multirun does).
 MEMBER_SET = ("run_name=", "runs_dir=", "experiment=", "pipeline.max_versions=", "pipeline.max_seconds=", "seed=",
-              "ppo.gamma", "hydra", "+", "~", "-")
+              "ppo.gamma", "hydra", "+", "~")
 
 
 def gamma_for(horizon_s: float, step_seconds: float) -> float:
@@ -74,7 +75,7 @@ def member_overrides(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     """The base run's preset (``experiment=``) and the rest of its command line that members repeat: every
     ``key=value`` but what each member sets itself (its name, directory, budget, seed and gamma)."""
     experiment = next((a.partition("=")[2] for a in argv if a.startswith("experiment=")), None)
-    return experiment, [a for a in argv if "=" in a and not a.startswith(MEMBER_SET)]
+    return experiment, command_overrides(argv, MEMBER_SET)
 
 
 def rating_versions(committed: Sequence[int], base: int, points: int) -> list[int]:

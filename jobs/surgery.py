@@ -55,12 +55,13 @@ def resume_overrides(config, source_argv: list[str], changes: dict[str, int]) ->
 
     from hpc_rl import surgery
     from hpc_rl.config import build_config, register
+    from hpc_rl.storage.run import command_overrides
 
     register()
-    replaced = ("-", "run_name=", "runs_dir=", "model.", "ppo.lr_zero_until=")
+    replaced = ("run_name=", "runs_dir=", "model.", "ppo.lr_zero_until=")
     ours = [*(f"{k}={v}" for k, v in changes.items()), f"ppo.lr_zero_until={config.ppo.lr_zero_until}",
             f"run_name={config.run_name}", f"runs_dir={config.runs_dir}"]
-    keep = [o for o in source_argv if "=" in o and not o.startswith(replaced)]
+    keep = command_overrides(source_argv, replaced)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         try:
             composed = build_config(compose(config_name="train", overrides=[*keep, *ours]))

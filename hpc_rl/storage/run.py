@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,12 @@ def git_state(repo: str | Path | None = None) -> dict[str, Any]:
 
 # What meta.json keeps from its previous version when a start rewrites it: how the run came to be, not this start.
 KEPT_META = ("surgery_from", "horizon_from")
+
+
+def command_overrides(argv: Sequence[str], dropping: tuple[str, ...] = ()) -> list[str]:
+    """The Hydra overrides of a run's command line (``meta.json``'s ``argv`` after the program): every ``key=value``
+    in order, but options (``-…``) and those starting with one of ``dropping`` (what a new command sets itself)."""
+    return [a for a in argv if "=" in a and not a.startswith(("-", *dropping))]
 
 
 def write_meta(run_dir: str | Path, **fields: Any) -> Path:
