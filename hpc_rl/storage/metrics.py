@@ -130,8 +130,10 @@ def read_metrics(path: str | Path) -> dict[str, np.ndarray]:
     return read_table(path).series
 
 
-def write_table(path: str | Path, table: MetricsTable) -> None:
-    """Replace ``path`` with a metrics file holding ``table``, crash-safely (a temporary file, then os.replace)."""
+def write_table(path: str | Path, table: MetricsTable, swmr_writer: bool = False) -> h5py.File | None:
+    """Replace ``path`` with a metrics file holding ``table``, crash-safely (a temporary file, then os.replace).
+    ``swmr_writer``: return the file open for appending in SWMR mode, opened before the rename, so that no reader
+    can hold the new file before its writer does (readers polling flat out could keep a writer out for good)."""
     path = Path(path)
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     names = list(table.series)
@@ -156,7 +158,12 @@ def write_table(path: str | Path, table: MetricsTable) -> None:
         group.create_dataset("rows", data=rows, maxshape=(None,), chunks=(CHUNK,), fletcher32=True)
 
     write_new_file(tmp, (hdf5_image(fill, libver="latest"),))
+    writer = None
+    if swmr_writer:
+        writer = open_h5(tmp, "a", libver="latest")  # no other process knows the temporary name
+        writer.swmr_mode = True
     replace_durably(tmp, path)
+    return writer
 
 
 def open_for_write_problem(path: Path) -> str | None:
@@ -185,10 +192,8 @@ class MetricsWriter:
         table = MetricsTable()
         if self.path.exists():
             table = self._existing(resume_version, recover)
-        write_table(self.path, table)
+        self._file = write_table(self.path, table, swmr_writer=True)
         self._ids = {name: i for i, name in enumerate(table.series)}
-        self._file = open_h5(self.path, "a", libver="latest")
-        self._file.swmr_mode = True
         self._names_ds, self._rows_ds = self._file[NAMES], self._file[ROWS]
 
     def _existing(self, resume_version: int | None, recover: bool) -> MetricsTable:
