@@ -173,9 +173,11 @@ def figure(name, key, ablation, metric, groups, curves, rows: list[SpeedupRow], 
             if not pts:
                 continue
             x = np.array([x_of[r.value].mean for r in pts])
-            xerr = np.array([x - [x_of[r.value].min for r in pts], [x_of[r.value].max for r in pts] - x])
+            # Clipped at 0: the mean of equal values (one seed, or seeds that all measured the same) can fall a
+            # rounding error outside their min..max, and matplotlib refuses a negative bar.
+            xerr = np.clip([x - [x_of[r.value].min for r in pts], [x_of[r.value].max for r in pts] - x], 0, None)
             mean = np.array([r.speedups.mean for r in pts])
-            err = np.array([mean - [r.speedups.min for r in pts], [r.speedups.max for r in pts] - mean])
+            err = np.clip([mean - [r.speedups.min for r in pts], [r.speedups.max for r in pts] - mean], 0, None)
             ax.errorbar(x, mean, xerr=xerr, yerr=err, marker="o", ms=4, capsize=3, lw=1.2, color=f"C{j}",
                         label=f"T = {fmt(t)}")
         if ablation == "batch_size" and ax is axes[1]:

@@ -3,6 +3,7 @@
     python -m hpc_rl.reproduce --runs runs/figure5                        # every panel, members one at a time
     python -m hpc_rl.reproduce --runs runs/figure5 --panels staleness --seeds 3 4 --parallel 2 --versions 100
     python -m hpc_rl.reproduce --runs runs/figure5 --dry-run              # what is finished, what would run
+    python -m hpc_rl.reproduce --runs runs/figure5 --launcher local --parallel 2   # one node, no Slurm: mpirun
 
 A panel is an ablation (``conf/ablation/<panel>.yaml``: the swept key, its values and the default seeds) run on
 ``conf/experiment/<experiment>.yaml`` into ``<runs>/<panel>/``. Each member is one Slurm array task = one MPI job
@@ -19,6 +20,13 @@ Stopping: SIGINT (Ctrl-C), SIGTERM or SIGHUP to the driver ends its multirun and
 submitted (a member commits a checkpoint when cancelled and resumes from it at the next sitting). A driver killed
 outright (SIGKILL) cannot do that; the next one finds the earlier sitting's jobs still queued or running and refuses
 to launch their members a second time, naming the jobs.
+
+Without Slurm (``--launcher local``: a workstation, or a GPU node reached without a scheduler), every member is its
+own ``python -m hpc_rl.launch RANKS jobs/train.py ablation=<panel> ...`` (mpirun), ``--parallel`` at a time, with the
+same run directories, the same skipping of finished members and the same progress lines; its output goes to
+``<runs>/<panel>/logs/<value>-seed<seed>.log``. Members run seed by seed (every panel's values for one seed, then
+the next seed), so a sitting cut short leaves each value with about as many seeds as the others. A stop signal is passed on to
+every running member (its ranks commit a checkpoint and end ``cancelled``), and the next sitting resumes them.
 
 Versions: ``--versions`` for the staleness and reuse members, ``--batch-versions`` (default half as many) for the
 batch-size members. A version of a batch k times larger costs k times the env steps, and larger batches need fewer
@@ -134,6 +142,23 @@ def multirun_command(python: str, panel: Panel, values: Sequence[str], seeds: Se
             *args.overrides]
 
 
+def member_command(python: str, panel: Panel, value: str, seed: str, args) -> list[str]:
+    """One member as its own MPI job on this node (``--launcher local``): the ablation config names its run
+    directory, as in a multirun; ``runs_dir`` replaces the multirun's sweep directory."""
+    preset = [f"experiment={args.experiment}"] if args.experiment else []
+    return [python, "-m", "hpc_rl.launch", str(args.ranks), str(ROOT / "jobs" / "train.py"), f"ablation={panel.name}",
+            *preset, f"runs_dir={args.runs / panel.name}", f"pipeline.max_versions={panel.versions}",
+            f"{panel.key}={value}", f"seed={seed}", *args.overrides]
+
+
+def local_order(panels: Sequence[Panel], done: dict[str, set]) -> list[tuple[Panel, str, str]]:
+    """The pending members of ``panels`` seed by seed (every panel's values for one seed, then the next seed): a
+    sitting cut short leaves every value of every panel with about as many finished seeds as the others, which is
+    what a comparison of values needs."""
+    pending = [(p, v, s) for p in panels for v, s in p.members if (v, s) not in done[p.name]]
+    return sorted(pending, key=lambda m: (m[0].seeds.index(m[2]), panels.index(m[0]), m[0].values.index(m[1])))
+
+
 def running_members(sweep_dir: Path, versions: int) -> list[str]:
     """Run directories that have started (a metrics.h5) and not finished."""
     running = []
@@ -200,6 +225,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-versions", type=int, help="pipeline.max_versions of the batch-size members (default: "
                    "half of --versions)")
     p.add_argument("--parallel", type=int, default=1, help="members running at once (Slurm array parallelism)")
+    p.add_argument("--launcher", choices=("slurm", "local"), default="slurm",
+                   help="slurm: Hydra multiruns through submitit onto Slurm; local: each member an mpirun job on "
+                   "this node (no scheduler)")
     p.add_argument("--ranks", type=int, default=6, help="MPI ranks per member: the preset's topology world size")
     p.add_argument("--dry-run", action="store_true", help="print the multiruns, launch nothing")
     p.add_argument("overrides", nargs="*", help="further config overrides for every member (key=value)")
@@ -228,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def launch(panels: list[Panel], done: dict[str, set], total: int, args) -> int:
     """Run the pending members of ``panels`` (``run_panels``), refusing to while jobs of an earlier sitting are still
     in Slurm, and ending the sitting cleanly on a stop signal."""
-    if not args.dry_run:
+    if not args.dry_run and args.launcher == "slurm":
         for panel in panels:  # a sitting ended by SIGKILL leaves its jobs behind: they would run members twice
             earlier = active_jobs(submitted_jobs(args.runs / panel.name / ".submitit"))
             if earlier:
@@ -237,7 +265,8 @@ def launch(panels: list[Panel], done: dict[str, set], total: int, args) -> int:
                                  f"then run again.")
     handlers = {signum: signal.signal(signum, _stop) for signum in STOP_SIGNALS}
     try:
-        return run_panels(panels, done, total, args)
+        run = run_panels if args.launcher == "slurm" else run_panels_locally
+        return run(panels, done, total, args)
     except Stopped as stop:  # between multiruns: nothing of this sitting is in Slurm
         print(f"stopped by {stop}; run again to resume", file=sys.stderr, flush=True)
         return 128 + stop.signum
@@ -282,6 +311,89 @@ def run_panels(panels: list[Panel], done: dict[str, set], total: int, args) -> i
                 return code
         done[panel.name] = finished_members(panel, sweep_dir)
     return 0
+
+
+def run_panels_locally(panels: list[Panel], done: dict[str, set], total: int, args, poll_s: float = 2.0) -> int:
+    """``--launcher local``: the pending members of ``panels``, each its own mpirun job, ``--parallel`` at once.
+    Every member runs even when another fails; the exit code is the first failed member's, else 0."""
+    for panel in panels:
+        print(f"== {panel.name} ({panel.key}, {panel.versions} versions): {len(done[panel.name])}/"
+              f"{len(panel.members)} finished, {len(panel.members) - len(done[panel.name])} to run", flush=True)
+    queue = []
+    for panel, value, seed in local_order(panels, done):
+        command = member_command(sys.executable, panel, value, seed, args)
+        print("$ " + " ".join(command), flush=True)
+        queue.append((panel, value, seed, command))
+    if args.dry_run:
+        return 0
+    running: dict[subprocess.Popen, tuple[Panel, str, str, Path]] = {}
+    failed: list[tuple[str, int, Path]] = []
+    last = None
+    try:
+        while queue or running:
+            for process in [p for p in running if p.poll() is not None]:
+                panel, value, seed, log = running.pop(process)
+                if process.returncode != 0:
+                    failed.append((f"{panel.name} {panel.key}={value} seed={seed}", process.returncode, log))
+                    print(f"{panel.name}: {panel.key}={value} seed={seed} failed (exit {process.returncode}, output "
+                          f"in {log})", file=sys.stderr, flush=True)
+            while queue and len(running) < args.parallel:
+                panel, value, seed, command = queue.pop(0)
+                log = args.runs / panel.name / "logs" / f"{value}-seed{seed}.log"
+                log.parent.mkdir(parents=True, exist_ok=True)
+                with open(log, "a") as out:  # the child holds its own descriptor
+                    process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL)
+                running[process] = (panel, value, seed, log)
+            finished = sum(len(finished_members(p, args.runs / p.name)) for p in panels)
+            names = sorted(f"{p.name}/{v}-seed{s}" for p, v, s, _ in running.values())
+            if (finished, names) != last:
+                print(f"[{time.strftime('%H:%M:%S')}] {finished - sum(len(d) for d in done.values())} finished in "
+                      f"this sitting; running {', '.join(names) or '(none)'}; {total - finished} of {total} members "
+                      f"remain in all", flush=True)
+                last = (finished, names)
+            if running:
+                time.sleep(poll_s)
+    except Stopped:
+        for signum in STOP_SIGNALS:  # a second Ctrl-C must not interrupt the cleanup
+            signal.signal(signum, signal.SIG_IGN)
+        stopped = stop_members(list(running))
+        print(f"stopping: passed the stop on to {stopped} running member(s); run again to resume", file=sys.stderr,
+              flush=True)
+        raise
+    for name, code, log in failed:
+        print(f"failed: {name} (exit {code}, output in {log}); run again to resume it", file=sys.stderr)
+    return failed[0][1] if failed else 0
+
+
+def stop_members(processes: list[subprocess.Popen], grace_s: float = 60.0) -> int:
+    """Stop local members as Ctrl-C stops ``hpc_rl.launch``: a SIGINT, which it passes to the ranks as a stop at
+    their next version (a committed checkpoint, state ``cancelled``); killed if they are not done within
+    ``grace_s``. Returns how many were running."""
+    import psutil
+
+    # Taken before any signal: mpirun runs in a session of its own (hpc_rl.launch), so a launcher that dies does not
+    # take it along, and a member killed after the grace must be killed with its mpirun and ranks.
+    trees = {}
+    for process in processes:
+        try:
+            trees[process] = psutil.Process(process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            trees[process] = []
+        process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for child in trees[process]:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            process.kill()
+            process.wait()
+    return len(processes)
 
 
 if __name__ == "__main__":

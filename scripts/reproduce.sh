@@ -7,9 +7,11 @@
 #   REPRO_PARALLEL=4 make reproduce              # members at once, on a machine with the cores for 4 x 6 ranks
 #   REPRO_RUNS=runs/pilot REPRO_SEEDS="3 4" REPRO_VERSIONS=100 make reproduce   # a short pilot, kept apart
 #   REPRO_PANELS="staleness reuse" make reproduce          # some panels only
+#   REPRO_LAUNCHER=local REPRO_PARALLEL=4 PY=python3 bash scripts/reproduce.sh   # a node without Slurm (mpirun)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=.venv/bin/python
+PY=${PY:-.venv/bin/python}
+LAUNCHER=${REPRO_LAUNCHER:-slurm}              # local: each member an mpirun job on this node, no scheduler
 OUT=${REPRO_OUT:-docs/figures/figure5}         # apart from the earlier MOBA sweeps' figures in docs/figures
 RUNS=${REPRO_RUNS:-runs/figure5}
 VERSIONS=${REPRO_VERSIONS:-250}                 # staleness and reuse members
@@ -30,11 +32,11 @@ TEST_THRESHOLD=${REPRO_TEST_THRESHOLD:-$([ -n "${REPRO_THRESHOLDS:-}" ] || echo 
 BATCH_THRESHOLDS=${REPRO_BATCH_THRESHOLDS:-100 150 200}
 BATCH_TEST_THRESHOLD=${REPRO_BATCH_TEST_THRESHOLD:-}
 
-bash slurm/local_cluster.sh up
+[ "$LAUNCHER" = local ] || bash slurm/local_cluster.sh up
 mkdir -p "$OUT" "$RUNS"
 # shellcheck disable=SC2086  # the lists split into words on purpose
 $PY -m hpc_rl.reproduce --runs "$RUNS" --panels $PANELS --seeds $SEEDS --versions "$VERSIONS" \
-    --batch-versions "$BATCH_VERSIONS" --parallel "$PARALLEL"
+    --batch-versions "$BATCH_VERSIONS" --parallel "$PARALLEL" --launcher "$LAUNCHER" ${REPRO_OVERRIDES:-}
 echo "== plots ($(date +%H:%M))"
 sweeps=()
 for panel in $PANELS; do sweeps+=("$RUNS/$panel"); done

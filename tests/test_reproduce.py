@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -101,6 +102,68 @@ def test_dry_run_skips_finished_members(tmp_path, capsys):
     # The batch panel runs half the versions unless told, and its members' finished summaries are judged by them.
     main(["--runs", str(tmp_path), "--panels", "batch_size", "--seeds", "3", "--versions", "40", "--dry-run"])
     assert "pipeline.max_versions=20 pipeline.segments_per_batch=1,2,4,8 seed=3" in capsys.readouterr().out
+
+
+def test_local_dry_run_runs_each_member_as_its_own_job_seed_by_seed(tmp_path, capsys):
+    member_dir(tmp_path / "staleness", "queue2-seed3", 2, 3, {"state": "finished", "version": 40})
+    assert main(["--runs", str(tmp_path), "--panels", "staleness", "reuse", "--seeds", "3", "4", "--versions", "40",
+                 "--launcher", "local", "--ranks", "7", "--dry-run", "topology.inference=2"]) == 0
+    out = capsys.readouterr().out
+    assert "12 members in 2 panel(s): 1 finished (skipped), 11 to run, 1 at a time" in out
+    commands = [line[2:].split() for line in out.splitlines() if line.startswith("$ ")]
+    # Seed by seed across the panels: a sitting cut short leaves every value with about as many seeds.
+    assert [(c[5], c[-3], c[-2]) for c in commands] == [
+        ("ablation=staleness", "pipeline.staleness_queue=0", "seed=3"),
+        ("ablation=staleness", "pipeline.staleness_queue=8", "seed=3"),
+        ("ablation=reuse", "pipeline.target_reuse=1", "seed=3"),
+        ("ablation=reuse", "pipeline.target_reuse=2", "seed=3"),
+        ("ablation=reuse", "pipeline.target_reuse=4", "seed=3"),
+        ("ablation=staleness", "pipeline.staleness_queue=0", "seed=4"),
+        ("ablation=staleness", "pipeline.staleness_queue=2", "seed=4"),
+        ("ablation=staleness", "pipeline.staleness_queue=8", "seed=4"),
+        ("ablation=reuse", "pipeline.target_reuse=1", "seed=4"),
+        ("ablation=reuse", "pipeline.target_reuse=2", "seed=4"),
+        ("ablation=reuse", "pipeline.target_reuse=4", "seed=4")]
+    first = commands[0]
+    assert first[1:5] == ["-m", "hpc_rl.launch", "7", str(ROOT / "jobs" / "train.py")]
+    assert first[6:9] == ["experiment=figure5", f"runs_dir={tmp_path / 'staleness'}", "pipeline.max_versions=40"]
+    assert first[-1] == "topology.inference=2"
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_stopped_local_sitting_stops_its_members_and_they_resume(tmp_path):
+    """``--launcher local`` on one node without Slurm: SIGTERM to the driver is passed on to every running member,
+    whose ranks commit a checkpoint and end cancelled; the members are left to resume, none is left running."""
+    runs = tmp_path / "runs"
+    driver = _driver(runs, "--launcher", "local", "--parallel", "2")
+    sweep, deadline, poll = runs / "staleness", time.monotonic() + 300, 0.5
+    try:
+        # Both running members past their first checkpoint (checkpoint_every=2 versions).
+        while len(list(sweep.glob("*/checkpoints/v*.h5"))) < 2 or \
+                len({p.parent.parent for p in sweep.glob("*/checkpoints/v*.h5")}) < 2:
+            assert driver.poll() is None, driver.communicate()
+            assert time.monotonic() < deadline, "the members did not reach their first checkpoint"
+            time.sleep(poll)
+            poll = min(poll * 1.5, 5.0)
+        tree = psutil.Process(driver.pid).children(recursive=True)
+        driver.send_signal(signal.SIGTERM)
+        out, err = driver.communicate(timeout=180)
+    finally:
+        driver.kill()
+    assert driver.returncode == 128 + signal.SIGTERM, (out, err)
+    assert "passed the stop on to 2 running member(s); run again to resume" in err, err
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    summaries = {d.name: json.loads((d / "summary.json").read_text()) for d in sweep.iterdir() if
+                 (d / "summary.json").is_file()}
+    assert sorted(summaries) == ["queue0-seed9", "queue2-seed9"], summaries  # the third never started
+    assert {s["state"] for s in summaries.values()} == {"cancelled"}, summaries
+    assert (sweep / "logs" / "0-seed9.log").is_file()
+    dry = subprocess.run([sys.executable, "-m", "hpc_rl.reproduce", "--runs", str(runs), "--panels", "staleness",
+                          "--seeds", "9", "--versions", "100000", "--launcher", "local", "--dry-run"], cwd=ROOT,
+                         env=rank_env(), capture_output=True, text=True, timeout=120)
+    assert "0 finished (skipped), 3 to run" in dry.stdout, dry.stdout
 
 
 @pytest.mark.light
