@@ -51,14 +51,14 @@ def test_the_staleness_queue_holds_the_newest_segments_back():
 def test_the_store_wants_what_the_queue_and_the_next_batch_lack():
     """The learner leaves the rest in its ring, whose writers then wait instead of producing segments to drop."""
     store = SegmentStore(PipelineConfig(segments_per_batch=2, staleness_queue=1, buffer_batches=2), 1.0, 1)
-    assert store.wanted() == 4  # a batch in the queue and a batch out of it
+    assert store.wanted(0.0, 0.0) == 4  # a batch in the queue and a batch out of it
     store.add([held(k) for k in range(3)])
-    assert store.wanted() == 1
+    assert store.wanted(0.0, 0.0) == 1
     store.add([held(3)])
-    assert store.wanted() == 0
+    assert store.wanted(0.0, 0.0) == 0
     for h in store.choose():
         h.uses += 1
-    assert store.wanted() == 2  # segments trained on no longer count
+    assert store.wanted(0.0, 0.0) == 2  # segments trained on no longer count
 
 
 def test_the_bound_drops_the_oldest_and_counts_the_unused():
@@ -86,6 +86,32 @@ def test_segments_feed_at_most_ceil_target_reuse_updates_least_used_first():
     for h in store.choose():
         h.uses += 1
     assert store.choose() == []
+
+
+def test_above_one_use_the_store_reuses_held_segments_before_it_takes_new_ones():
+    """Reuse 4 reached whatever the producers' speed: new segments are wanted only when no held batch fits the
+    target, so a learner slower than its producers does not train on fresh segments alone."""
+    store = SegmentStore(PipelineConfig(segments_per_batch=2, target_reuse=4.0, buffer_batches=4), 4.0, 1)
+    consumed = produced = 0.0
+    assert store.wanted(consumed, produced) == 2
+    for version in range(12):
+        wanted = store.wanted(consumed, produced)
+        # A fast producer: whatever is wanted is there at once.
+        store.add([held(100 * version + k) for k in range(wanted)])
+        produced += 4.0 * wanted
+        batch = store.choose()
+        assert len(batch) == 2 and consumed + 8.0 <= 4.0 * produced
+        consumed += 8.0
+        for h in batch:
+            h.uses += 1
+        assert wanted == (2 if version % 4 == 0 else 0), version  # two new segments every fourth update
+    assert consumed / produced == 4.0
+    # The default target (one update per segment) always wants the batch's new segments.
+    once = SegmentStore(PipelineConfig(segments_per_batch=2, buffer_batches=4), 1.0, 1)
+    once.add([held(0), held(1)])
+    for h in once.choose():
+        h.uses += 1
+    assert once.wanted(8.0, 8.0) == 2
 
 
 def test_the_default_reuse_target_trains_every_sample_once_whatever_the_epochs():

@@ -53,7 +53,11 @@ class SegmentStore:
     - OpenAI Five's staleness ablation: the newest ``staleness_queue × segments_per_batch`` segments wait in a FIFO,
       so each is trained on about ``staleness_queue`` versions after it arrived.
     - Intake: the learner moves a segment here from its ring only when its next batch needs it (``wanted``), so
-      producers that outpace the learners wait on a full ring instead of producing segments to be dropped.
+      producers that outpace the learners wait on a full ring instead of producing segments to be dropped. With a
+      reuse target above one update per segment, the next batch needs no new segment while a batch of held ones can
+      be trained on again within the target: reuse is then the target's whatever the producers' speed (taking
+      whatever arrived would train on fresh segments first, and a learner slower than its producers would reach a
+      reuse near 1 however high the target).
     - A bound: beyond the queue at most ``buffer_batches`` batches are held (segments kept for reuse, and what
       arrives at the stop); beyond it the oldest are dropped (``evicted_ids`` counts those never trained on).
     - Reuse: a segment feeds at most ceil(target_reuse / epochs) updates; a batch takes the least used first, among
@@ -62,6 +66,7 @@ class SegmentStore:
     """
 
     def __init__(self, pipeline: PipelineConfig, target_reuse: float, epochs: int):
+        self.target_reuse, self.epochs = target_reuse, epochs
         self.per_batch = pipeline.segments_per_batch
         self.queue_capacity = pipeline.staleness_queue * pipeline.segments_per_batch
         self.limit = pipeline.buffer_batches * pipeline.segments_per_batch + self.queue_capacity
@@ -81,9 +86,16 @@ class SegmentStore:
             if evicted.uses == 0:
                 self.evicted_ids.append(evicted.ids)
 
-    def wanted(self) -> int:
-        """How many more segments the next batch needs: the staleness queue's and the batch's, less those held and
-        never trained on."""
+    def wanted(self, consumed: float, produced: float) -> int:
+        """How many more segments the next batch needs, given the samples this learner has consumed (every epoch
+        counted) and produced (taken in) so far: none while a batch of held segments fits the reuse target (as
+        ``may_update`` counts it), else the staleness queue's and the batch's, less those held and never trained
+        on (a batch of new segments always fits: the target is at least the epochs)."""
+        if self.max_uses > 1:
+            batch = self.choose()
+            samples = sum(float(h.batch.weight.sum()) for h in batch)
+            if len(batch) == self.per_batch and consumed + samples * self.epochs <= self.target_reuse * produced + 1e-6:
+                return 0
         return max(0, self.queue_capacity + self.per_batch - sum(1 for h in self.held if h.uses == 0))
 
     def choose(self) -> list[Held]:
@@ -170,7 +182,7 @@ class LearnerWorker:
         # Segments are read in place, where the writers put them: unpack_segment copies every field into tensors
         # the batch owns, and only then are the slots handed back to the writers (one copy instead of two).
         views = self.waiting + self.ring.take_view()
-        count = len(views) if everything or self.throttled else self.store.wanted()
+        count = len(views) if everything or self.throttled else self.store.wanted(self.consumed, self.produced)
         views, self.waiting = views[:count], views[count:]
         arrived = []
         try:
