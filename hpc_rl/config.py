@@ -44,7 +44,10 @@ WARMUP_OPPONENTS = ("random", "scripted")  # the bots a MOBA curriculum may star
 class EnvConfig:
     """Which environment every env rank simulates, and how many copies of it."""
 
-    name: str = "moba"  # "moba" (the embedded MOBA, settings in ``moba``) or "gym:<Gymnasium id>", e.g. gym:CartPole-v1
+    # "moba" (the embedded MOBA, settings in ``moba``), "gym:<Gymnasium id>" (gym:CartPole-v1) or
+    # "pettingzoo:<module>", a PettingZoo parallel environment's module (pettingzoo:mpe2.simple_spread_v3): every
+    # agent of every copy is played and trained by the one policy (hpc_rl.envs.pettingzoo_adapter)
+    name: str = "moba"
     num_envs: int = 8  # environment copies per env rank, stepped together
     moba: MobaConfig = field(default_factory=MobaConfig)
     vs_scripted_fraction: float = 0.25  # MOBA: share of copies where the frozen scripted bot plays one side (win rate)
@@ -61,8 +64,11 @@ class EnvConfig:
     teacher: str = ""
 
     def __post_init__(self) -> None:
-        if self.name != "moba" and not (self.name.startswith("gym:") and len(self.name) > 4):
-            raise ValueError(f"env.name must be 'moba' or 'gym:<id>', got {self.name!r}")
+        kind, _, what = self.name.partition(":")
+        if self.name != "moba" and not (kind in ("gym", "pettingzoo") and what):
+            raise ValueError(f"env.name must be 'moba', 'gym:<id>' or 'pettingzoo:<module>', got {self.name!r}")
+        if self.is_pettingzoo:
+            self._pettingzoo_maker()  # a module that is missing or not a parallel env fails here, before any rank
         if self.num_envs < 1:
             raise ValueError(f"env.num_envs must be >= 1, got {self.num_envs}")
         if not 0.0 <= self.vs_scripted_fraction <= 1.0:
@@ -83,9 +89,24 @@ class EnvConfig:
         return self.name == "moba"
 
     @property
+    def is_pettingzoo(self) -> bool:
+        return self.name.startswith("pettingzoo:")
+
+    def _pettingzoo_maker(self):
+        from hpc_rl.envs.pettingzoo_adapter import parallel_env_maker
+
+        try:
+            return parallel_env_maker(self.name.removeprefix("pettingzoo:"))
+        except ValueError as err:
+            raise ValueError(f"env.name={self.name}: {err}") from None
+
+    @property
     def agents_per_copy(self) -> int:
-        """Agents in one copy: both teams' heroes in MOBA, the one agent of a Gymnasium env (``GymVecEnv``)."""
-        return self.moba.spec().num_agents if self.is_moba else 1
+        """Agents in one copy: both teams' heroes in MOBA, the one agent of a Gymnasium env (``GymVecEnv``), a
+        PettingZoo env's possible agents."""
+        if self.is_moba:
+            return self.moba.spec().num_agents
+        return self.make(num_envs=1).spec.num_agents if self.is_pettingzoo else 1
 
     def scripted_copies(self) -> int:
         """Copies per env rank in which the scripted bot plays one side (0 outside MOBA): the first ones."""
@@ -122,12 +143,17 @@ class EnvConfig:
             from hpc_rl.envs.teacher import TeacherLabels
 
             return TeacherLabels(env, make_bot(self.teacher, moba, seed=first_copy))
+        if self.is_pettingzoo:
+            from hpc_rl.envs.pettingzoo_adapter import PettingZooVecEnv
+
+            return PettingZooVecEnv(self._pettingzoo_maker(), n, first_copy=first_copy)
         from hpc_rl.envs.gym_adapter import GymVecEnv
 
         return GymVecEnv(self.name[4:], n)
 
     def reward_config(self) -> RewardConfig:
-        """MOBA: Honor of Kings table 6 weights, decayed over game time except win/loss; Gymnasium: the reward."""
+        """MOBA: Honor of Kings table 6 weights, decayed over game time except win/loss; Gymnasium and PettingZoo:
+        the reward."""
         if self.is_moba:
             return RewardConfig(weights=tuple(float(self.moba.reward_weights[k]) for k in REWARD_EVENTS),
                                 decayed=tuple(k not in UNDECAYED_EVENTS for k in REWARD_EVENTS))

@@ -134,8 +134,9 @@ def final_evaluation(policy: Policy, config: TrainConfig, games: int, seed: int 
     """The evaluation a training job ends with (``final_eval`` of summary.json), timed in ``seconds``.
 
     MOBA: ``games`` games against the frozen scripted bot, half on each side, the policy sampling its actions as in
-    training; draws (time limit) count as losses in ``win_rate`` and its 95% Wilson interval ``ci95``. Gymnasium:
-    the greedy return of one episode in each of ``games`` env copies (``mean_return``, ``std_return``)."""
+    training; draws (time limit) count as losses in ``win_rate`` and its 95% Wilson interval ``ci95``. Gymnasium and
+    PettingZoo: the greedy return of one episode in each of ``games`` env copies (``mean_return``, ``std_return``;
+    PettingZoo: per agent, the mean of the agents' returns in each episode)."""
     if games < 2 or games % 2:
         raise ValueError(f"the final evaluation needs an even number of games >= 2 (half on each side), got {games}")
     started = time.monotonic()
@@ -144,7 +145,8 @@ def final_evaluation(policy: Policy, config: TrainConfig, games: int, seed: int 
         result = {"games": r["games"], "wins": r["wins"], "draws": r["draws"], "win_rate": r["win_rate"],
                   "ci95": r["win_rate_ci95"], "bot": r["bot"], "bot_hash": r["bot_hash"]}
     else:
-        returns = evaluate_return(policy, config.env.make(num_envs=games), seed)
-        result = {"episodes": int(returns.size), "mean_return": float(returns.mean()),
+        # An episode's return per agent, as in training's stats/episode_return (one agent in Gymnasium).
+        returns = evaluate_return(policy, config.env.make(num_envs=games), seed).reshape(games, -1).mean(axis=1)
+        result = {"episodes": games, "mean_return": float(returns.mean()),
                   "std_return": float(returns.std())}
     return {**result, "seed": seed, "seconds": time.monotonic() - started}

@@ -49,10 +49,18 @@ INFERENCE_BATCH = "perf/inference_batch"  # mean observations per step of an inf
 INFERENCE_PASSES = "perf/inference_passes"  # mean forward passes per step: 1 + the past versions in play
 INFERENCE_MS = "perf/inference_ms"  # mean time of a step: observations to the device, passes, actions back
 WALL_SECONDS = "perf/wall_seconds"
+# Bytes the transport moved so far, over every env and inference rank: the step requests env ranks sent (each a
+# step's observations of all its copies, its rewards and dones), the observation fields among them (float16 on the
+# wire with transport.fp16_observations), the segments inference ranks put into the experience rings, and their
+# observation fields. Divided by perf/env_steps: bytes per copy-step.
+REQUEST_BYTES = "transport/request_bytes"
+REQUEST_OBSERVATION_BYTES = "transport/request_observation_bytes"
+SEGMENT_BYTES = "transport/segment_bytes"
+SEGMENT_OBSERVATION_BYTES = "transport/segment_observation_bytes"
 WIN_RATE_VS_SCRIPTED = "eval/win_rate_vs_scripted"  # the learning side's games against the bot, last ten versions
 WIN_RATE_WINDOW = 10  # the versions whose finished games each row of the two series above and below counts
 GAMES_VS_SCRIPTED = "eval/games_vs_scripted"
-EPISODE_RETURN = "stats/episode_return"  # Gymnasium: mean return of the episodes of the last ten versions
+EPISODE_RETURN = "stats/episode_return"  # Gymnasium, PettingZoo (per agent): mean return of the last ten versions' episodes
 POOL_SIZE = "league/pool_size"
 GAMES_VS_PAST = "league/games_vs_past"
 SCORE_VS_PAST = "league/score_vs_past"

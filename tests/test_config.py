@@ -44,7 +44,15 @@ def test_a_gymnasium_env_on_the_default_job_gets_the_default_learning_settings()
 
 
 @pytest.mark.parametrize("override, message", [
-    ("env.name=starcraft", "env.name must be 'moba' or 'gym:<id>'"),
+    ("env.name=starcraft", "env.name must be 'moba', 'gym:<id>' or 'pettingzoo:<module>', got 'starcraft'"),
+    ("env.name=pettingzoo:no_such_env_v1", "env.name=pettingzoo:no_such_env_v1: PettingZoo module 'no_such_env_v1' "
+                                           "does not import: No module named 'no_such_env_v1'"),
+    # PettingZoo's stub of its former MPE says where it went.
+    ("env.name=pettingzoo:pettingzoo.mpe.simple_v3", "does not import: MPE has been moved into its own package: MPE2"),
+    # Connect Four is an AEC game only.
+    ("env.name=pettingzoo:pettingzoo.classic.connect_four_v3", "env.name=pettingzoo:pettingzoo.classic.connect_four_v3: "
+                                                               "PettingZoo module 'pettingzoo.classic.connect_four_v3' "
+                                                               "has no parallel_env(): not a parallel environment"),
     ("ppo.lr.start=-0.001", "learning rate must be >= 0"),
     ("pipeline.segment_len=40", "multiple of model.chunk_len"),
     ("pipeline.target_reuse=0.5", "target_reuse must be >= 1"),

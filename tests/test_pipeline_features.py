@@ -1,6 +1,6 @@
 """Pipeline features with real ranks: the opponent pool (past versions play a share of the self-play games, their
-steps are never trained on, the pool is persisted in pool.h5 and survives a resume) and the asynchronous action
-offset."""
+steps are never trained on, the pool is persisted in pool.h5 and survives a resume), float16 observations on the
+wire, and the asynchronous action offset."""
 
 import json
 import subprocess
@@ -10,9 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from hpc_rl.config import build_config
+from hpc_rl.data.batch import SegmentSchema
+from hpc_rl.envs.moba_config import MobaConfig
 from hpc_rl.envs.scripted import scripted_bot_hash
 from hpc_rl.evaluation import FINAL_EVAL_SEED
 from hpc_rl.launch import mpirun_command, rank_env
+from hpc_rl.roles.protocol import request_layout
 from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import open_run
 
@@ -21,8 +25,8 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(600)]
 
 # MOBA 1v1, every copy self-play, half the games against past versions; games end at 48 steps (draws) so that many
 # games start and end within a few versions; every 4th version joins the pool. The first two versions play a
-# curriculum's warm-up on a smaller map (the controller ends it on every env rank).
-LEAGUE = ["env.num_envs=4", "env.vs_scripted_fraction=0", "env.moba.time_limit=48", "league.past_fraction=0.5",
+# curriculum's warm-up on a smaller map (the controller ends it on every env rank). Observations travel as float16.
+LEAGUE = ["env.num_envs=4", "transport.fp16_observations=true", "env.vs_scripted_fraction=0", "env.moba.time_limit=48", "league.past_fraction=0.5",
           "env.warmup_versions=2", "env.warmup_map_size=32",
           "pipeline.segment_len=32", "pipeline.segments_per_batch=1", "pipeline.checkpoint_every=2",
           "pipeline.keep_every=4", "pipeline.keep_last=1", "ppo.num_minibatches=2", "pipeline.final_eval_games=4"]
@@ -56,10 +60,34 @@ def test_past_versions_play_and_are_not_trained_on_and_the_pool_survives_a_resum
     assert min(samples[v] for v in range(6, 17)) < AGENT_STEPS
     assert all(samples[v] <= AGENT_STEPS for v in samples)
 
+    _check_fp16_bytes(run)
+
     out = _train(tmp_path, 20)  # resumes from version 16
     assert "resuming" in out.stdout
     assert "opponent pool: 4 past versions from pool.h5" in (tmp_path / "league/logs/rank_0.log").read_text()
     assert open_run(tmp_path / "league").pool["version"] == [4, 8, 12, 16, 20]
+
+
+def _check_fp16_bytes(run) -> None:
+    """The transport's byte counters: every step request carried the observations at float16's size, about half
+    their float32 size (the masks stay bool), and so did every segment."""
+    m, spec, copies = run.metrics, MobaConfig().spec(), 4
+    observations = spec.observation_shapes(copies)
+    half, full = (request_layout(spec, copies, fp16).wire_nbytes(observations) for fp16 in (True, False))
+    assert 0.5 < half / full < 0.53
+    # Env ranks count a request per step, in the heartbeat that counts the step: the series divide exactly.
+    steps = m["perf/env_steps"]["value"] / copies
+    assert steps[-1] > 0 and np.array_equal(m["transport/request_observation_bytes"]["value"], steps * half)
+    assert np.all(m["transport/request_bytes"]["value"] == steps * request_layout(spec, copies, True).nbytes)
+    schema = SegmentSchema.of_run(build_config(run.config), spec)
+    assert schema.fp16_observations
+    names = [f"obs/{k}" for k in observations]
+    per_segment = schema.layout.wire_nbytes(names)
+    segments = m["transport/segment_bytes"]["value"] / schema.layout.nbytes
+    assert segments[-1] > 0 and np.array_equal(m["transport/segment_observation_bytes"]["value"],
+                                                 segments * per_segment)
+    full_schema = SegmentSchema(spec, schema.num_agents, schema.segment_len, schema.chunk_len, schema.lstm_size)
+    assert 0.5 < per_segment / full_schema.layout.wire_nbytes(names) < 0.53
 
 
 def _check_summary(run_dir: Path, stdout: str) -> None:

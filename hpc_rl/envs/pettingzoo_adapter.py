@@ -8,7 +8,13 @@ event ``"reward"``, the environment's own reward.
 An agent that has left a running game observes zeros and its actions are ignored; its ``action_mask`` row is all True
 so that a sampler never meets an empty row. A copy is done when every agent has terminated or been truncated (or
 left); it is then reset with the seed of its next game. PettingZoo knows no winner, so ``infos["winner"]`` is the
-team with the largest summed return over the game, -1 on a tie.
+team with the largest summed return over the game, -1 on a tie. Where a copy is done, ``infos["episode_return"]`` is
+its game's return per agent (the mean over agents of each agent's summed reward: what a shared policy earns, and what
+``hpc_rl.evaluation.evaluate_return`` averages) and ``infos["episode_length"]`` its steps.
+
+Training selects an environment by its module, ``env.name=pettingzoo:<module>`` (``parallel_env_maker``): every agent
+of every copy is one row of the pipeline's batches, and with the default ``agent_team`` (every agent on team 0) one
+shared policy plays them all, as in parameter-sharing PPO.
 
 The copies are stepped one after the other: a third-party environment is Python code of its own, so this adapter is
 for correctness and small experiments, not for speed.
@@ -16,6 +22,7 @@ for correctness and small experiments, not for speed.
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 import numpy as np
@@ -27,6 +34,28 @@ from hpc_rl.envs.api import Actions, EnvSpec, Obs, TeamId
 def copy_seed(seed: int, copy: int, game: int) -> int:
     """The seed of game ``game`` of global copy ``copy``: independent of which other copies run alongside."""
     return int(np.random.SeedSequence([seed, copy, game]).generate_state(1)[0])
+
+
+def parallel_env_maker(module: str) -> Callable[[], object]:
+    """The ``parallel_env`` factory of a PettingZoo environment module (``mpe2.simple_spread_v3``,
+    ``pettingzoo.butterfly.knights_archers_zombies_v11``, ...). Raises ValueError naming the module when it does not
+    import or is not a parallel environment (no ``parallel_env``: PettingZoo's AEC-only games, e.g. chess)."""
+    try:
+        from pettingzoo import ParallelEnv
+    except ImportError as err:
+        raise ValueError(f"pettingzoo is not installed ({err}): pip install -e '.[pettingzoo]'") from err
+    try:
+        env_module = importlib.import_module(module)
+    except ImportError as err:  # PettingZoo's own stub for its former MPE says where MPE went (the mpe2 package)
+        raise ValueError(f"PettingZoo module {module!r} does not import: {err}") from err
+    make = getattr(env_module, "parallel_env", None)
+    if not callable(make):
+        raise ValueError(f"PettingZoo module {module!r} has no parallel_env(): not a parallel environment")
+    probe = make()
+    if not isinstance(probe, ParallelEnv):
+        raise ValueError(f"{module}.parallel_env() made a {type(probe).__name__}, not a pettingzoo.ParallelEnv")
+    probe.close()
+    return make
 
 
 class PettingZooVecEnv:
@@ -63,6 +92,7 @@ class PettingZooVecEnv:
         self._obs = np.zeros((num_envs, A, self.obs_dim), dtype=np.float32)
         self._mask = np.ones((num_envs, A, self.num_actions), dtype=bool)
         self._returns = np.zeros((num_envs, A))
+        self._lengths = np.zeros(num_envs, dtype=np.int64)
         self._game = np.zeros(num_envs, dtype=np.int64)
         self._seed: int | None = None
 
@@ -81,6 +111,7 @@ class PettingZooVecEnv:
     def _reset_copy(self, i: int) -> None:
         observations, _ = self.envs[i].reset(seed=copy_seed(self._seed, self.first_copy + i, int(self._game[i])))
         self._returns[i] = 0.0
+        self._lengths[i] = 0
         self._load(i, observations)
 
     def _observation(self) -> Obs:
@@ -107,6 +138,7 @@ class PettingZooVecEnv:
         rewards = np.zeros((E, A, 1), dtype=np.float32)
         dones = np.zeros(E, dtype=bool)
         winners = np.full(E, -1, dtype=np.int64)
+        episode_return, episode_length = np.zeros(E), np.zeros(E, dtype=np.int64)
         team = np.asarray(self.spec.agent_team)
         for i, env in enumerate(self.envs):
             live = list(env.agents)
@@ -115,14 +147,21 @@ class PettingZooVecEnv:
             for j, agent in enumerate(self.agents):
                 rewards[i, j, 0] = reward.get(agent, 0.0)
             self._returns[i] += rewards[i, :, 0]
+            self._lengths[i] += 1
             over = not env.agents or all(terminated.get(a, False) or truncated.get(a, False) for a in live)
             if over:
                 dones[i] = True
                 totals = np.array([self._returns[i, team == t].sum() for t in range(self.spec.num_teams)])
                 best = np.flatnonzero(totals == totals.max())
                 winners[i] = int(best[0]) if len(best) == 1 else -1
+                episode_return[i], episode_length[i] = self._returns[i].mean(), self._lengths[i]
                 self._game[i] += 1
                 self._reset_copy(i)
             else:
                 self._load(i, observations)
-        return self._observation(), rewards, dones, {"winner": winners}
+        return self._observation(), rewards, dones, {"winner": winners, "episode_return": episode_return,
+                                                     "episode_length": episode_length}
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

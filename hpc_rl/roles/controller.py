@@ -244,6 +244,11 @@ class Controller:
             metrics[M.INFERENCE_PASSES] = float(np.mean([s["passes"] for s in reported]))
             metrics[M.INFERENCE_MS] = float(np.mean([s["infer_ms"] for s in reported]))
         metrics[M.WALL_SECONDS] = time.monotonic() - self.started
+        for name, key, ranks in ((M.REQUEST_BYTES, "request_bytes", env),
+                                 (M.REQUEST_OBSERVATION_BYTES, "observation_bytes", env),
+                                 (M.SEGMENT_BYTES, "segment_bytes", inference),
+                                 (M.SEGMENT_OBSERVATION_BYTES, "segment_observation_bytes", inference)):
+            metrics[name] = float(sum(s.get(key, 0) for s in ranks))
         totals = np.array([sum(s.get(k, 0) for s in env) for k in ("bot_games", "bot_wins", "games", "returns_sum")],
                           dtype=np.float64)
         self.history.append(totals)

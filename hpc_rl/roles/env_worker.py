@@ -55,6 +55,7 @@ class EnvWorker:
         self.requests = request_layout(self.spec, n, config.transport.fp16_observations)
         self.replies = reply_layout(self.spec, n)
         self.buffer = np.empty(self.requests.nbytes, np.uint8)
+        self.observation_nbytes = self.requests.wire_nbytes(self.spec.observation_shapes(n))  # of every request
         self.scripted = config.env.scripted_copies()
         self.bot = None
         self.counts_bot_games = True
@@ -67,7 +68,9 @@ class EnvWorker:
         self.games = 0
         self.bot_games = 0
         self.bot_wins = 0  # games against the scripted bot won by the learning side
-        self.returns_sum = 0.0  # sum of finished episodes' returns, where the env reports them (Gymnasium)
+        self.returns_sum = 0.0  # sum of finished episodes' returns, where the env reports them (Gymnasium, PettingZoo)
+        self.request_bytes = 0  # bytes of the step requests sent, and of the observations among them
+        self.observation_bytes = 0
 
     def run(self) -> None:
         self.start()
@@ -98,7 +101,10 @@ class EnvWorker:
         message = {**self.obs, "events": self.events, "done": self.done, "winner": self.winner,
                    "game_time": (self.game_steps * self.config.env.step_seconds).astype(np.float32),
                    **self.infos, "stop": np.array([stop])}
-        self.exchange.send_request(self.requests.pack(message, self.buffer))
+        payload = self.requests.pack(message, self.buffer)
+        self.exchange.send_request(payload)
+        self.request_bytes += payload.nbytes
+        self.observation_bytes += self.observation_nbytes
         if stop:
             return False
         if self.config.pipeline.async_actions:
@@ -156,6 +162,7 @@ class EnvWorker:
             self.returns_sum += float(np.asarray(infos["episode_return"])[self.done].sum())
         self.link.beat({"env_steps": self.steps, "games": self.games, "bot_games": self.bot_games,
                         "bot_wins": self.bot_wins, "returns_sum": self.returns_sum,
+                        "request_bytes": self.request_bytes, "observation_bytes": self.observation_bytes,
                         "seconds": time.monotonic() - self.started})
 
     def _count(self, done: np.ndarray, winner: np.ndarray) -> None:

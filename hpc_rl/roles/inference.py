@@ -95,6 +95,7 @@ class InferenceWorker:
         self.reply_buffer = np.empty(self.replies.nbytes, np.uint8)
         self.schema = SegmentSchema.of_run(config, self.spec)
         self.segment_buffer = np.empty(self.schema.layout.nbytes, np.uint8)
+        self.segment_observation_nbytes = self.schema.layout.wire_nbytes(self.obs_fields.values())  # per segment
         self.buffers = {e: self.schema.buffer() for e in env_ranks}
         self.state = {e: self.policy.initial_state(self.per_env, self.device) for e in env_ranks}
         self.t = {e: 0 for e in env_ranks}
@@ -110,6 +111,8 @@ class InferenceWorker:
         self.infer_seconds = 0.0
         self.segments = 0
         self.samples = 0
+        self.segment_bytes = 0  # bytes of the segments put into the rings, and of the observations among them
+        self.segment_observation_bytes = 0
         self.produced_ids: list[tuple[int, int, int]] = []  # (this rank, env rank, segment number) of every segment
         # The opponent pool: in self-play copies, the side ``past_side`` of every game is played by the version
         # ``opponent[e][copy]`` (LATEST: the latest policy, which then plays and learns both sides).
@@ -216,7 +219,8 @@ class InferenceWorker:
             self.link.send(self.results, TAG_POOL_RESULT)
             self.results = []
         self.link.beat({"segments": self.segments, "samples": self.samples, "version": self.version,
-                        "past_games": self.past_games,
+                        "past_games": self.past_games, "segment_bytes": self.segment_bytes,
+                        "segment_observation_bytes": self.segment_observation_bytes,
                         "mean_batch": self.batch_agents / max(self.batches, 1),
                         "passes": self.passes / max(self.batches, 1),
                         "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
@@ -314,3 +318,5 @@ class InferenceWorker:
         self.next_ring = (self.next_ring + 1) % len(self.rings)
         self.segments += 1
         self.samples += int(segment["weight"].sum())
+        self.segment_bytes += payload.nbytes
+        self.segment_observation_bytes += self.segment_observation_nbytes

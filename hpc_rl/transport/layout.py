@@ -134,6 +134,10 @@ class ArrayLayout:
         self._out: np.ndarray | None = None  # the buffer packed into last, and its fields' views (most callers
         self._dests: dict[str, np.ndarray] = {}  # pack every step into the same buffer)
 
+    def wire_nbytes(self, names: Iterable[str]) -> int:
+        """The bytes the fields ``names`` take on the wire (float16 where they travel so), alignment padding aside."""
+        return sum(self.fields[name].wire_nbytes for name in names)
+
     def pack(self, arrays: Mapping[str, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
         """Write every field into ``out`` (a uint8 buffer of at least ``nbytes``; allocated if None)."""
         if arrays.keys() != self.fields.keys():
