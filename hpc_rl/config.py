@@ -198,6 +198,11 @@ class PipelineConfig:
     #                          in); beyond it the oldest are dropped (counted, never trained on)
     max_nonfinite: int = 3  # consecutive skipped updates (non-finite loss) before the run halts
     requeue: bool = True  # under Slurm, a run stopped by a signal (preemption warning) requeues its own job
+    # Under slurm/train.sbatch, a job whose ranks failed (a rank killed, crashed or hung; a node lost) is requeued and
+    # resumes from the last committed checkpoint, this many times per run in all (hpc_rl/failures.py; 0: never).
+    # Three: a lost node or a transient fault seldom strikes one run more often, and a bug that crashes every attempt
+    # then costs three more starts before the run is marked failed and waits for a person.
+    max_failure_requeues: int = 3
     async_actions: bool = False  # OpenAI Five's asynchronous action offset: env ranks step with the previous action
     #                              while inference computes the next (actions apply one step late; env and inference
     #                              overlap)
@@ -230,6 +235,8 @@ class PipelineConfig:
                              f"off), got {self.final_eval_games}")
         if self.max_seconds < 0:
             raise ValueError(f"pipeline.max_seconds must be >= 0, got {self.max_seconds}")
+        if self.max_failure_requeues < 0:
+            raise ValueError(f"pipeline.max_failure_requeues must be >= 0 (0: never), got {self.max_failure_requeues}")
         if self.fault_nonfinite_from_version < 0:
             raise ValueError(f"pipeline.fault_nonfinite_from_version must be >= 0 (0: off), got "
                              f"{self.fault_nonfinite_from_version}")
@@ -361,8 +368,8 @@ class TrainConfig:
         # Fault injection is a drill run on the same learning problem (and may be turned on for a resumed run); where
         # the networks run neither (a run moves between GPU and CPU nodes, its checkpoints load on both).
         for key in ("max_versions", "max_seconds", "final_eval_games", "heartbeat_timeout_s", "requeue",
-                    "fault_nonfinite_from_version", "inference_device", "learner_device"):
-            d["pipeline"].pop(key)
+                    "max_failure_requeues", "fault_nonfinite_from_version", "inference_device", "learner_device"):
+            d["pipeline"].pop(key, None)  # gone already where ``written`` lacks it
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
 

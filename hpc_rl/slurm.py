@@ -97,6 +97,17 @@ def restarts(job_id: str) -> int | None:
     return int(found[1]) if found else None
 
 
+def job_stderr(job_id: str) -> Path | None:
+    """Where the batch job writes its stderr (``StdErr`` of ``scontrol show job``; srun's own messages go there), or
+    None if unknown."""
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"\bStdErr=(\S+)", out.stdout)
+    return Path(found[1]) if found else None
+
+
 def requeue(job_id: str, timeout: float = 60) -> None:
     """Put this running batch job back in the queue (``scontrol requeue``); raises RequeueError saying why not.
 

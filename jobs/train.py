@@ -22,6 +22,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from hpc_rl.config import build_config, register  # noqa: E402
+from hpc_rl.failures import EXIT_BAD_CONFIG  # noqa: E402
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 register()
@@ -34,7 +35,7 @@ def main(cfg: DictConfig):
         config = build_config(cfg)
     except ValueError as err:
         print(f"hpc_rl: bad config: {err}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(EXIT_BAD_CONFIG)
     sys.stderr = STDERR
     from hpc_rl.roles.run import run  # initialises MPI: only once the config is known to be good
 

@@ -163,6 +163,9 @@ def _failure(launcher: str, tmp_path: Path, what: str) -> None:
     latest = run.load_checkpoint()  # verified against its digest
     assert latest.version == int(said[1]) and latest.version >= 2, said[0]
     assert all(np.all(np.isfinite(p)) for p in latest.sections["params"].values())
+    # status.json names the rank too: what slurm/train.sbatch records as the failure's cause (hpc_rl/failures.py)
+    assert run.status["state"] == "aborted" and run.status["reason"].startswith(named), run.status
+    assert run.status["committed"] == latest.version
     rows = run.metrics["train/policy_loss"]["version"].tolist()
     assert rows == list(range(1, len(rows) + 1)) and rows[-1] >= max(seen, latest.version), (rows, seen)
 

@@ -1,11 +1,13 @@
-"""slurm/train.sbatch and slurm/sweep.sbatch on the local cluster; preemption (USR2 -> checkpoint -> requeue) and
-cancellation (TERM -> checkpoint -> no requeue).
+"""slurm/train.sbatch and slurm/sweep.sbatch on the local cluster; preemption (USR2 -> checkpoint -> requeue),
+cancellation (TERM -> checkpoint -> no requeue) and a rank's failure (SIGKILL -> requeue -> resume, up to a limit).
 
 Preemption reaches a job the way Slurm delivers it: USR2 to the batch shell (``scancel --batch --signal=USR2``, or
 the job's own ``--signal=B:USR2@...`` before its time limit), whose trap forwards it to srun and so to the ranks.
 A plain ``scancel --signal=USR2`` would signal the job steps directly and skip the trap."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,13 +106,17 @@ def _start_long_run(tmp_path: Path, *sbatch_args: str) -> tuple[str, Path]:
     return job, run_dir
 
 
-def _release_requeued(job: str, *updates: str) -> None:
-    """Once Slurm has requeued ``job``, make it eligible at once (with ``updates`` to its record): Slurm holds a
-    requeued batch job for about two minutes (its BeginTime), a wait that is the scheduler's, not the run's."""
+def _release_requeued(job: str, *updates: str, restarts: int = 1) -> None:
+    """Once Slurm has requeued ``job`` (for the ``restarts``-th time), make it eligible at once (with ``updates`` to
+    its record): Slurm holds a requeued batch job for about two minutes (its BeginTime), a wait that is the
+    scheduler's, not the run's."""
     deadline = time.monotonic() + 240
-    while (fields := _job_fields(job))["Restarts"] == "0" or fields["JobState"] != "PENDING":
+    while int((fields := _job_fields(job))["Restarts"]) < restarts or fields["JobState"] != "PENDING":
         assert time.monotonic() < deadline, f"the job was never requeued: {fields}"
         time.sleep(1)
+    # slurmd refuses to start a job whose credential dates from the second its previous start's was revoked in
+    # ("Killing non-startable batch job: Job credential revoked"): Slurm's own hold is what normally prevents it.
+    time.sleep(2)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now", *updates], check=True, timeout=30)
 
 
@@ -193,6 +199,75 @@ def test_a_refused_requeue_ends_the_job_with_the_reason_not_an_abort(slurm_clust
         status = json.loads((run_dir / "status.json").read_text())
         assert status["state"] == "requeue_failed" and open_run(run_dir).checkpoint_versions[-1] == status["version"]
         assert _job_fields(job)["Restarts"] == "0"
+    finally:
+        subprocess.run(["scancel", job], timeout=30)
+
+
+def _progress(out: Path) -> int:
+    """The last version the job's latest attempt printed (its progress lines ``v  <version> ...``), 0 before any."""
+    text = out.read_text() if out.exists() else ""
+    versions = [int(line.split()[1]) for line in text[text.rfind("hpc_rl: job "):].splitlines()
+                if line.startswith("v ") and line.split()[1].isdigit()]
+    return versions[-1] if versions else 0
+
+
+def _kill_rank_mid_run(job: str, out: Path, run_dir: Path, rank: int, attempt: int) -> None:
+    """SIGKILL ``rank`` of the job's ``attempt``-th start once that attempt has trained four versions (so that it
+    committed a checkpoint: pipeline.checkpoint_every=2)."""
+    deadline = time.monotonic() + 240
+    while True:
+        log = run_dir / "logs" / f"rank_{rank}.log"
+        pids = [line.split("pid ")[1].split(",")[0] for line in (log.read_text() if log.exists() else "").splitlines()
+                if f"rank {rank}: pid " in line]
+        resumed = json.loads((run_dir / "meta.json").read_text()).get("resumed_from", -1) \
+            if (run_dir / "meta.json").exists() else -1
+        if len(pids) == attempt and _progress(out) >= max(resumed, 0) + 4:
+            break
+        assert time.monotonic() < deadline, f"attempt {attempt} never trained: {job_states(job)}, {pids}"
+        time.sleep(0.2)
+    os.kill(int(pids[-1]), signal.SIGKILL)
+
+
+def test_a_killed_rank_requeues_the_job_which_resumes_until_the_runs_failure_limit(slurm_cluster, tmp_path):
+    """An env rank SIGKILLed mid-run, then a learner: each time the job is requeued and resumes from the last
+    committed checkpoint, and the run finishes with every version once. status.json records each failure with its
+    cause. The limit is the run's: a later job of the same run, failing once more, is not requeued."""
+    run, topology = "failing", ["--ntasks=4", "topology.env=1", "topology.learner=1"]  # controller, env, inference,
+    out, run_dir = tmp_path / "first.out", tmp_path / run                               # learner: the fewest ranks
+    job = _sbatch([f"--output={out}", topology[0], "slurm/train.sbatch", f"run_name={run}", f"runs_dir={tmp_path}",
+                   *QUICK, *topology[1:], "pipeline.max_versions=40", "pipeline.max_failure_requeues=2",
+                   "pipeline.final_eval_games=0"])
+    try:
+        for attempt, rank, role in ((1, 1, "env[0]"), (2, 3, "learner[0]")):
+            _kill_rank_mid_run(job, out, run_dir, rank, attempt)
+            _release_requeued(job, restarts=attempt)
+            failure = json.loads((run_dir / "status.json").read_text())["failures"][-1]
+            assert f"rank {rank} ({role})" in failure["cause"] and failure["requeued"], failure
+            assert failure["job"] == job and failure["restart"] == attempt - 1
+        assert wait_for_jobs([job], timeout=300) == {job: "COMPLETED"}, out.read_text()[-3000:]
+        finished = open_run(run_dir)
+        versions = list(finished.metrics["train/policy_loss"]["version"])
+        assert versions == list(range(1, 41)), versions  # continuous: nothing lost, nothing twice
+        assert finished.meta["resumed_from"] == finished.status["failures"][1]["committed"] >= 2
+        assert finished.status["state"] == "finished" and len(finished.status["failures"]) == 2
+        text = out.read_text()
+        assert text.count("requeued, resuming from version") == 2 and "restart 2" in text, text[-3000:]
+
+        # A new job of the same run: its first failure is the run's third, past pipeline.max_failure_requeues=2.
+        again = tmp_path / "again.out"
+        job = _sbatch([f"--output={again}", topology[0], "slurm/train.sbatch", f"run_name={run}",
+                       f"runs_dir={tmp_path}", *QUICK, *topology[1:], "pipeline.max_versions=100000",
+                       "pipeline.max_failure_requeues=2"])
+        _kill_rank_mid_run(job, again, run_dir, 1, attempt=4)
+        assert wait_for_jobs([job], timeout=120) == {job: "FAILED"}
+        assert _job_fields(job)["Restarts"] == "0"  # not requeued
+        status = json.loads((run_dir / "status.json").read_text())
+        assert status["state"] == "failed" and [f["requeued"] for f in status["failures"]] == [True, True, False]
+        assert "Run failing has failed 3 times, more than the 2 requeues pipeline.max_failure_requeues allows: " \
+               "not requeued" in status["reason"] and "rank 1 (env[0])" in status["reason"], status["reason"]
+        assert status["reason"] in again.read_text()
+        versions = list(open_run(run_dir).metrics["train/policy_loss"]["version"])
+        assert versions == list(range(1, versions[-1] + 1)) and versions[-1] > 40, versions
     finally:
         subprocess.run(["scancel", job], timeout=30)
 

@@ -4,7 +4,8 @@
                         turn a signal or the time limit into "stop at version V"
 
 Only the controller writes files (``config.yaml``, ``meta.json``, ``metrics.h5``, ``checkpoints/``, ``pool.h5``,
-``summary.json``). It prints what the user reads (``roles/console.py``): a banner before the first version, one
+``summary.json``, ``status.json``; once a failed job's ranks have ended, slurm/train.sbatch adds the failure to
+``status.json``). It prints what the user reads (``roles/console.py``): a banner before the first version, one
 progress line per published version, and at the end the final evaluation and the summary (``conclude``).
 
 It keeps the opponent pool: every checkpoint retention keeps for good (each ``keep_every``-th version) enters it;
@@ -12,8 +13,9 @@ inference ranks report their games against past versions, the controller lowers 
 sends the pool back to them. It keeps the evaluator ranks'
 TrueSkill table (``ratings.json``) and writes their ratings to ``metrics.h5``. A rank whose process ended (its
 lifeline closed, see ``lifeline.py``) or that was silent for ``heartbeat_timeout_s`` is named, by number and role, on
-stderr and in the log, the metrics so far are written, and the job aborted: a dead or hung rank must not hold an
-allocation forever, and the user must learn which one it was.
+stderr, in the log and in ``status.json`` (state ``aborted``), the metrics so far are written, and the job aborted: a
+dead or hung rank must not hold an allocation forever, and the user (and slurm/train.sbatch, which requeues a failed
+job: ``hpc_rl/failures.py``) must learn which one it was.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from hpc_rl.storage.checkpoint import CheckpointWriteError, checkpoint_name
 from hpc_rl.storage.hdf5 import write_json_durably
 from hpc_rl.storage.layout import RunLayout, runs_index
 from hpc_rl.storage.metrics import MetricsWriteError
-from hpc_rl.storage.run import record_config_changes
+from hpc_rl.storage.run import record_config_changes, write_status
 from hpc_rl.storage.runlock import release_run_lock
 from hpc_rl.storage.tensorboard import open_export
 from hpc_rl.topology import Role, Topology
@@ -344,17 +346,22 @@ class Controller:
 
     def _abort_for(self, rank: int, what: str) -> NoReturn:
         """A rank is dead or hung: end the job naming the rank, its role and the checkpoint a resume starts from,
-        after writing the metrics logged so far (the checkpoints are committed already)."""
+        after writing that into ``status.json`` and the metrics logged so far (the checkpoints are committed
+        already)."""
 
-        def write_metrics() -> None:
+        cause = f"rank {rank} ({self.topology.role_map()[rank]}) {what}"
+
+        def write_status_and_metrics() -> None:
+            # The cause first, for the batch script that decides whether to requeue (hpc_rl/failures.py).
+            write_status(self.run_dir, "aborted", self.version, committed=self.committed, reason=cause)
             try:
                 self.metrics.flush()
             except MetricsWriteError as err:  # the rank's fate is the message; the full filesystem goes to the log
                 log.error("%s", err)
 
         committed = f"version {self.committed}" if self.committed >= 0 else "none"
-        self.control.abort(f"rank {rank} ({self.topology.role_map()[rank]}) {what}; aborting the job. Last committed "
-                           f"checkpoint: {committed}.", last=write_metrics)
+        self.control.abort(f"{cause}; aborting the job. Last committed checkpoint: {committed}.",
+                           last=write_status_and_metrics)
 
     def _maybe_stop(self) -> None:
         if self.stop_sent:
@@ -444,9 +451,7 @@ class Controller:
         self.metrics.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
-        status = {"state": "halted_nonfinite", "version": self.version, "committed": self.committed,
-                  "reason": reason, "time": time.time()}
-        write_json_durably(self.layout.status, status)  # readers poll it: they see the old file or the new one
+        write_status(self.run_dir, "halted_nonfinite", self.version, committed=self.committed, reason=reason)
         self.control.abort(f"{reason}. Last committed checkpoint: version {self.committed}. Aborting the job.")
 
     def finish(self) -> None:
@@ -540,8 +545,7 @@ class Controller:
         return " ".join(map(shlex.quote, command)) + "   # resume (past the last version: raise pipeline.max_versions)"
 
     def _write_status(self, state: str) -> None:
-        status = {"state": state, "version": self.learners_done, "time": time.time()}
-        write_json_durably(self.layout.status, status)  # readers poll it: they see the old file or the new one
+        write_status(self.run_dir, state, self.learners_done)
 
     def requeue(self) -> None:
         """After USR2 (Slurm's preemption or time-limit warning): put this job back in the queue, where it will

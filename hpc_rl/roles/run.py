@@ -22,6 +22,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 from hpc_rl.config import ResumeError, TrainConfig
+from hpc_rl.failures import EXIT_REFUSED
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.roles.allreduce import make_allreduce
 from hpc_rl.roles.common import Backoff, StopFlag, open_channels, setup_logging
@@ -53,12 +54,13 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
         # Raised where no rank is inside MPI: a refused requeue once every rank has finished, the refusal of the run
         # lock or of the resume, broadcast to every rank before any wrote the run's state, or a world size that every
         # rank finds wrong alike. Finish MPI together and end non-zero (Slurm records a failure) without MPI_Abort,
-        # whose banner would bury the reason; the controller alone says why.
+        # whose banner would bury the reason; the controller alone says why. The status tells the batch script
+        # that the same job would be refused again: it is not requeued as a failure (hpc_rl/failures.py).
         if comm.Get_rank() == CONTROLLER:
             print(f"hpc_rl: {err}", file=sys.stderr, flush=True)
         logging.shutdown()
         MPI.Finalize()
-        os._exit(1)
+        os._exit(EXIT_REFUSED)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()

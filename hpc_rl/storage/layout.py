@@ -76,7 +76,8 @@ class RunLayout:
 
     @property
     def status(self) -> Path:
-        """How the controller ended: finished, preempted, cancelled, requeue_failed, time_limit or halted_nonfinite."""
+        """How the run's latest job ended (finished, preempted, cancelled, requeue_failed, time_limit,
+        halted_nonfinite, aborted; requeued_after_failure or failed) and the failures of its jobs."""
         return self.root / "status.json"
 
     @property

@@ -124,7 +124,8 @@ class Run:
 
     @property
     def status(self) -> dict[str, Any]:
-        """``status.json`` (how the controller ended), or {} while it runs or when it never ended cleanly."""
+        """``status.json`` (how the run's latest job ended, and the failures of its jobs), or {} before any job
+        ended."""
         return _json_or_empty(self.layout.status)
 
     @property
@@ -204,6 +205,25 @@ def write_meta(run_dir: str | Path, **fields: Any) -> Path:
     }
     write_json_durably(layout.meta, meta)
     return layout.meta
+
+
+def write_status(run_dir: str | Path, state: str, version: int | None, **fields: Any) -> dict[str, Any]:
+    """Write ``status.json``: how the run's latest job ended (``state``, the last version trained, ``fields``), and
+    return it. Its ``failures`` (``hpc_rl.failures``), unless given, are the previous file's: a run's failures are
+    counted over all its jobs. Replaced atomically: readers poll it."""
+    status = {"state": state, "version": version, "time": time.time(), **fields}
+    status.setdefault("failures", read_status(run_dir).get("failures", []))
+    write_json_durably(RunLayout(run_dir).status, status)
+    return status
+
+
+def read_status(run_dir: str | Path) -> dict[str, Any]:
+    """``status.json``, or {} where no job has ended yet or the file is not JSON (edited by hand: the next status
+    replaces it)."""
+    try:
+        return _json_or_empty(RunLayout(run_dir).status)
+    except ValueError:
+        return {}
 
 
 def read_config_changes(path: str | Path) -> list[dict[str, Any]]:
