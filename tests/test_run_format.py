@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from hpc_rl.storage import MetricsWriter, open_run, read_metrics, read_pool, write_pool
-from hpc_rl.storage.hdf5 import FormatError
+from hpc_rl.storage.hdf5 import HEADER_BYTES, FormatError
 from hpc_rl.storage.metrics import FORMAT as METRICS_FORMAT
 from hpc_rl.storage.pool import FORMAT as POOL_FORMAT
 
@@ -53,16 +53,25 @@ def test_metrics_carry_their_format_read_it_unversioned_and_refuse_a_newer_one(t
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.h5"]
 
 
-def test_the_pool_carries_its_format_reads_it_unversioned_and_refuses_a_newer_one(tmp_path):
+def test_the_pool_carries_its_format_reads_earlier_ones_and_refuses_a_newer_one(tmp_path):
     path = tmp_path / "pool.h5"
     write_pool(path, [2, 4], [0.0, -0.5], eta=0.01)
     assert read_pool(path) == ([2, 4], [0.0, -0.5], {"eta": 0.01})  # the format is no setting of the pool
+    data = path.read_bytes()
+    assert data.startswith(b"hpc_rl pool.h5 2\nsize ")  # the digest header
     with h5py.File(path, "r") as f:
-        assert f.attrs["format"] == POOL_FORMAT == 1
-    _set_format(path, None)
-    assert read_pool(path) == ([2, 4], [0.0, -0.5], {"eta": 0.01})
-    _set_format(path, POOL_FORMAT + 1)
-    with pytest.raises(FormatError, match=r"pool.h5 format 2, newer than this version of hpc_rl reads \(format 1 "
+        assert f.attrs["format"] == POOL_FORMAT == 2
+    for legacy in (1, None):  # format 1: a bare HDF5 file, with the attribute or written before it existed
+        with h5py.File(path, "w") as f:
+            f["version"], f["quality"] = np.array([2, 4]), np.array([0.0, -0.5])
+            f.create_dataset("checkpoint", data=np.array(["v000002.h5", "v000004.h5"], dtype=object),
+                             dtype=h5py.string_dtype())
+            f.attrs["eta"] = 0.01
+            if legacy is not None:
+                f.attrs["format"] = legacy
+        assert read_pool(path) == ([2, 4], [0.0, -0.5], {"eta": 0.01})
+    path.write_bytes(data[:HEADER_BYTES].replace(b"pool.h5 2", b"pool.h5 3") + data[HEADER_BYTES:])
+    with pytest.raises(FormatError, match=r"pool.h5 format 3, newer than this version of hpc_rl reads \(format 2 "
                                           r"at most\)"):
         read_pool(path)
     with pytest.raises(ValueError, match="'format' is the file's format"):

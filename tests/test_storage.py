@@ -153,7 +153,7 @@ def test_a_checkpoint_written_before_digests_still_loads_and_the_log_says_it_is_
         for name, tree in _sections(1).items():
             write_tree(f.create_group(name), tree)
         f.attrs["content_hash"] = _content_hash(f)
-    assert verify_digest(legacy.read_bytes()).startswith("no digest: written before checkpoints carried one")
+    assert verify_digest(legacy.read_bytes()).startswith("no digest: written before checkpoint files carried one")
     with caplog.at_level("WARNING"):
         ckpt = load_checkpoint(legacy)
     assert ckpt.version == 1 and "parsed without checking its bytes" in caplog.text

@@ -5,7 +5,7 @@
     ratings = rate_tournament(tournament)                                # TrueSkill, Elo and Nash averaging
     write_ratings(run_dir, {10: "v10", 20: "v20"}, ratings)              # eval/* series of metrics.h5
 
-    book = RatingBook.load(run_dir, resume_version)   # the controller's running TrueSkill table (evaluator ranks)
+    book = RatingBook.load(run_dir, resume_version, recover=True)   # the controller's running TrueSkill table
     metrics = book.add(version, matches)              # one version's games against the references -> eval/* values
 
 TrueSkill is OpenAI Five's measure: random is anchored at 0 and a figure is the mean rating minus random's. Elo is
@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,9 +35,11 @@ import trueskill
 
 from hpc_rl import metric_names as M
 from hpc_rl.league.ratings import TrueSkillTable, elo_from_results, nash_average
-from hpc_rl.storage.hdf5 import write_json_durably
+from hpc_rl.storage.hdf5 import DamagedFileError, blake2b_hex, set_aside, write_json_durably
 from hpc_rl.storage.metrics import ROW, open_for_write_problem, read_metrics, read_table, write_table
 from hpc_rl.storage.layout import RunLayout
+
+log = logging.getLogger(__name__)
 
 REFERENCES = ("random", "scripted")  # the fixed reference agents; random is the anchor (rating 0)
 ANCHOR = "random"
@@ -293,9 +297,22 @@ class RatingBook:
                 self.table.games[name] = games
 
     @classmethod
-    def load(cls, run_dir: str | Path, resume_version: int) -> "RatingBook":
+    def load(cls, run_dir: str | Path, resume_version: int, recover: bool = False) -> "RatingBook":
+        """The table as it stood after the last version <= ``resume_version`` was rated. A damaged ``ratings.json``
+        is a table with no version rated (the evaluator ranks rate the newest version next); ``recover`` (the
+        controller, which owns the file) also sets it aside, for a person to look at, before the table is rebuilt."""
         path = RunLayout(run_dir).ratings
-        records = json.loads(path.read_text())["records"] if path.is_file() and resume_version >= 0 else []
+        try:
+            records = read_ratings(path) if resume_version >= 0 else []
+        except DamagedFileError as err:
+            records = []
+            if recover:
+                aside = set_aside(path)
+                line = f"ratings.json is damaged: set aside as {aside.name}, rating anew from the next version ({err})"
+                print(line, flush=True)
+                log.error(line)
+            else:
+                log.warning("%s: read as a table with no version rated", err)
         return cls(path, [r for r in records if r["version"] <= resume_version])
 
     @property
@@ -332,8 +349,51 @@ class RatingBook:
 
     def save(self) -> None:
         """Replace ``ratings.json`` crash-safely (temporary file, fsync, ``os.replace``)."""
-        write_json_durably(self.path, {"anchor": ANCHOR, "draw_probability": self.table.draw_probability,
-                                       "records": self.records})
+        content = {"anchor": ANCHOR, "draw_probability": self.table.draw_probability, "records": self.records}
+        write_json_durably(self.path, {**content, DIGEST_KEY: _json_digest(content)})
+
+
+DIGEST_KEY = "blake2b-256"  # of the rest of ratings.json as canonical JSON (sorted keys, no spaces)
+
+
+def _json_digest(content: dict) -> str:
+    return blake2b_hex(json.dumps(content, sort_keys=True, separators=(",", ":")).encode())
+
+
+def read_ratings(path: Path) -> list[dict]:
+    """The records of ``ratings.json`` ([] without the file), each ``{"version", "ratings": {player: [mu, sigma,
+    games]}}`` in ascending versions. DamagedFileError naming the file when it is not the table written: not JSON,
+    its digest not matching (files written before the digest are checked for their shape only), keys or values
+    missing or impossible."""
+    if not path.exists():
+        return []
+    try:
+        content = json.loads(path.read_bytes())
+    except (OSError, ValueError) as err:  # a directory in its place; not UTF-8, not JSON
+        raise DamagedFileError(f"{path}: unreadable ({err})") from err
+    if not isinstance(content, dict):
+        raise DamagedFileError(f"{path}: not a JSON object")
+    stored = content.pop(DIGEST_KEY, None)
+    if stored is not None and stored != _json_digest(content):
+        raise DamagedFileError(f"{path}: digest mismatch: the content changed since it was written")
+    records = content.get("records")
+    if not isinstance(records, list) or not all(_is_record(r) for r in records):
+        raise DamagedFileError(f"{path}: records missing or not [{{\"version\", \"ratings\"}}, ...]")
+    versions = [r["version"] for r in records]
+    if versions != sorted(set(versions)):
+        raise DamagedFileError(f"{path}: the records' versions do not ascend: {versions}")
+    return records
+
+
+def _is_record(record) -> bool:
+    """``{"version": int >= 0, "ratings": {player: [mu, sigma > 0, games >= 0]}}``, every number finite."""
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    return (isinstance(record, dict) and type(record.get("version")) is int and record["version"] >= 0
+            and isinstance(record.get("ratings"), dict)
+            and all(isinstance(rating, list) and len(rating) == 3 and all(map(number, rating)) and rating[1] > 0
+                    and rating[2] >= 0 for rating in record["ratings"].values()))
 
 
 def last_rated_version(run_dir: str | Path, resume_version: int) -> int:

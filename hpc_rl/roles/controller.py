@@ -50,8 +50,8 @@ from hpc_rl.slurm import RequeueError, requeue, slurm_job_id
 from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import (Checkpoint, MetricsWriter, commit_checkpoint, load_checkpoint, load_latest,
                             prune_checkpoints, read_pool, write_pool)
-from hpc_rl.storage.checkpoint import CheckpointWriteError, checkpoint_name
-from hpc_rl.storage.hdf5 import write_json_durably
+from hpc_rl.storage.checkpoint import CheckpointWriteError, checkpoint_name, committed_versions
+from hpc_rl.storage.hdf5 import DamagedFileError, set_aside, write_json_durably
 from hpc_rl.storage.layout import RunLayout, runs_index
 from hpc_rl.storage.metrics import MetricsWriteError
 from hpc_rl.storage.run import record_config_changes, write_status
@@ -116,6 +116,32 @@ def _trained_settings(ckpt: Checkpoint, layout: RunLayout, config: TrainConfig) 
                       f"{config.config_hash()[:12]}): resume with the settings it was trained with")
 
 
+def resume_pool(layout: RunLayout, resume_version: int, pool: OpponentPool, keep_every: int) -> OpponentPool:
+    """``pool`` (empty) filled from ``pool.h5``, without versions newer than the resumed one or whose checkpoint is
+    gone. A damaged ``pool.h5`` is set aside and the pool rebuilt from what decides its members, the checkpoints
+    kept for it (every ``keep_every``-th version up to the resumed one), each entering as a new version does: the
+    qualities they had earned are lost, the versions are not."""
+    try:
+        stored = read_pool(layout.pool) if resume_version >= 0 else None
+    except DamagedFileError as err:
+        aside = set_aside(layout.pool)
+        for version in committed_versions(layout.checkpoints):
+            if version <= resume_version and version % keep_every == 0:
+                pool.add(version)
+        line = (f"pool.h5 is damaged: set aside as {aside.name}; the opponent pool is rebuilt from the checkpoints "
+                f"kept for it, {len(pool.versions)} past versions at equal quality ({err})")
+        print(line, flush=True)
+        log.error(line)
+        return pool
+    if stored is not None:
+        for version, quality in zip(stored[0], stored[1]):
+            if version <= resume_version and (layout.checkpoints / checkpoint_name(version)).is_file():
+                pool.versions.append(version)
+                pool.qualities.append(quality)
+        log.info("opponent pool: %d past versions from pool.h5 (%d stored)", len(pool.versions), len(stored[0]))
+    return pool
+
+
 class Controller:
     def __init__(self, config: TrainConfig, topology: Topology, control: ControlEndpoint, run_dir: Path,
                  resume_version: int, stop_flag: StopFlag | None, lifelines: Lifelines | None = None,
@@ -155,7 +181,8 @@ class Controller:
         self.pool = self._load_pool(resume_version) if config.uses_league else None
         # Evaluator ranks: the TrueSkill table (ratings.json, continued on resume) and each committed version's
         # (env steps, wall time), so a rating arriving later is written where its version was trained.
-        self.ratings = RatingBook.load(run_dir, resume_version) if topology.ranks(Role.EVALUATOR) else None
+        self.ratings = RatingBook.load(run_dir, resume_version, recover=True) if topology.ranks(Role.EVALUATOR) \
+            else None
         self.commit_rows: dict[int, tuple[int, float]] = {}
         self.pool_changed = False
         self.past_games = self.past_score = 0.0  # games against past versions (and the learning side's score) since
@@ -163,17 +190,10 @@ class Controller:
 
     # --- the opponent pool ------------------------------------------------------------------------------
     def _load_pool(self, resume_version: int) -> OpponentPool:
-        """The pool of ``pool.h5``, without versions newer than the resumed one or whose checkpoint is gone."""
         league = self.config.league
-        pool = OpponentPool(latest_fraction=1.0 - league.past_fraction, eta=league.eta)
-        stored = read_pool(self.layout.pool) if resume_version >= 0 else None
-        if stored is not None:
-            for version, quality in zip(stored[0], stored[1]):
-                if version <= resume_version and (self.layout.checkpoints / checkpoint_name(version)).is_file():
-                    pool.versions.append(version)
-                    pool.qualities.append(quality)
-            log.info("opponent pool: %d past versions from pool.h5 (%d stored)", len(pool.versions), len(stored[0]))
-        return pool
+        return resume_pool(self.layout, resume_version, OpponentPool(latest_fraction=1.0 - league.past_fraction,
+                                                                     eta=league.eta),
+                           self.config.pipeline.keep_every)
 
     def _save_pool(self) -> None:
         write_pool(self.layout.pool, self.pool.versions, self.pool.qualities, eta=self.pool.eta,

@@ -46,18 +46,15 @@ from typing import Any
 import h5py
 import numpy as np
 
-from hpc_rl.storage.hdf5 import fsync_path, hdf5_image, newer_format, write_new_file
+from hpc_rl.storage.hdf5 import (HEADER_BYTES, PARSE_ERRORS, Digested, fsync_path, hdf5_image, is_bare_hdf5,
+                                 write_new_file)
 from hpc_rl.storage.tree import read_tree, write_tree
 
 FORMAT = 2  # 2: the digest header in the user block; 1 had none
 LEGACY_FORMAT = 1  # still loaded, unverified
+DIGEST = Digested("checkpoint", FORMAT)
 LATEST = "latest"
-HEADER_BYTES = 512  # HDF5's smallest user block
 _NAME = re.compile(r"^v(\d{6,})\.h5$")
-_HEADER = re.compile(rb"hpc_rl checkpoint (\d+)\nsize (\d+)\nblake2b-256 ([0-9a-f]{64})\n\0*")
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-# What h5py raises on a file it cannot parse (OSError for I/O and checksum errors, the others for bad metadata).
-_PARSE_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError)
 log = logging.getLogger(__name__)
 
 # The stages of a commit, in order; ``on_stage`` is called as each is reached (tests kill the writer there).
@@ -95,46 +92,14 @@ def checkpoint_version(path: str | Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _digest(payload: bytes | memoryview) -> str:
-    return hashlib.blake2b(payload, digest_size=32).hexdigest()
-
-
-def _header(size: int, digest: str) -> bytes:
-    return f"hpc_rl checkpoint {FORMAT}\nsize {size}\nblake2b-256 {digest}\n".encode().ljust(HEADER_BYTES, b"\0")
-
-
 def digest_header(payload: bytes | memoryview) -> bytes:
     """The user block of a checkpoint whose HDF5 bytes (after the user block) are ``payload``."""
-    return _header(len(payload), _digest(payload))
-
-
-def is_legacy(data: bytes) -> bool:
-    """A format 1 checkpoint: a bare HDF5 file, no digest header."""
-    return data.startswith(_HDF5_SIGNATURE)
+    return DIGEST.header(payload)
 
 
 def verify_digest(data: bytes) -> str | None:
     """Why the bytes of a checkpoint file (format 2) are not the committed ones, or None when they are."""
-    if is_legacy(data):
-        return f"no digest: written before checkpoints carried one (format {LEGACY_FORMAT})"
-    if len(data) < HEADER_BYTES:
-        return f"truncated: {len(data)} bytes, shorter than the {HEADER_BYTES}-byte digest header"
-    header = _HEADER.fullmatch(data[:HEADER_BYTES])
-    if header is None:
-        return f"damaged digest header (the first {HEADER_BYTES} bytes are not a checkpoint's header)"
-    if int(header[1]) > FORMAT:
-        return newer_format("checkpoint", int(header[1]), FORMAT)
-    if int(header[1]) != FORMAT:  # format 1 has no header
-        return f"format {int(header[1])} in a digest header, which only format {FORMAT} has"
-    payload = memoryview(data)[HEADER_BYTES:]
-    if int(header[2]) != len(payload):
-        return f"{len(payload)} bytes after the header, the digest covers {int(header[2])} (truncated or extended)"
-    stored, actual = header[3].decode(), _digest(payload)
-    if actual != stored:
-        return f"digest mismatch: the bytes changed since the commit (stored {stored[:12]}, computed {actual[:12]})"
-    if _header(len(payload), stored) != data[:HEADER_BYTES]:  # e.g. a leading zero added to the size
-        return "damaged digest header (not as written)"
-    return None
+    return DIGEST.why_refused(data)
 
 
 def _content_hash(f: h5py.File) -> str:
@@ -228,7 +193,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         data = path.read_bytes()
     except OSError as err:
         raise CheckpointError(f"{path}: unreadable ({err})") from err
-    expected_format = LEGACY_FORMAT if is_legacy(data) else FORMAT
+    expected_format = LEGACY_FORMAT if is_bare_hdf5(data) else FORMAT
     if expected_format == LEGACY_FORMAT:
         log.warning("%s: written before checkpoints carried a digest (format %d): parsed without checking its bytes",
                     path, LEGACY_FORMAT)
@@ -251,7 +216,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             config = json.loads(f.attrs["config"]) if "config" in f.attrs else None
     except CheckpointError:
         raise
-    except _PARSE_ERRORS as err:
+    except PARSE_ERRORS as err:
         raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {err})") from err
     if checkpoint_version(path) not in (None, version):
         raise CheckpointError(f"{path}: file name says version {checkpoint_version(path)}, content says {version}")

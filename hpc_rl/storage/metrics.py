@@ -33,13 +33,17 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpc_rl.storage.hdf5 import FORMAT_ATTR, check_format, hdf5_image, open_h5, replace_durably, write_new_file
+from hpc_rl.storage.hdf5 import (FORMAT_ATTR, PARSE_ERRORS, DamagedFileError, FileBusyError, check_format, hdf5_image,
+                                 open_h5, replace_durably, set_aside, write_new_file)
 
 FORMAT = 2  # 2: the names and rows tables; 1: one dataset per name (read, never written)
 ROW = np.dtype([("version", "<i8"), ("step", "<i8"), ("wall_time", "<f8"), ("value", "<f8")])
 TABLE_ROW = np.dtype([("name", "<i4"), *ROW.descr])
 NAME_BYTES = 128
 NAME = np.dtype([("name", f"S{NAME_BYTES}"), ("source", "S32")])
+# What HDF5 reads where a chunk's address was lost: a name id no row has (and, for ``names``, an empty name, which no
+# series has), so such damage is refused instead of read as rows of series 0 at version 0.
+MISSING_ROW = np.array((-1, -1, -1, np.nan, np.nan), TABLE_ROW)
 GROUP = "metrics"
 NAMES, ROWS = f"{GROUP}/names", f"{GROUP}/rows"
 CHUNK = 4096
@@ -104,25 +108,41 @@ def _read_open(f: h5py.File) -> MetricsTable:
         return table
     rows = f[ROWS][()]  # before names: every id in these rows is in names (see the module docstring)
     names = f[NAMES][()]
+    # Fill rows at the end are a batch whose extent a reader saw before its data (a live writer's, or a crashed
+    # one's): not written yet. Anywhere else they are a chunk read as fill values, its address lost.
+    written = np.flatnonzero(rows["name"] != MISSING_ROW["name"])
+    rows = rows[:written[-1] + 1 if len(written) else 0]
     ids = rows["name"]
+    # What HDF5's checksums do not catch: a chunk read as fill values, names in a file written before they carried
+    # Fletcher32.
+    if len(ids) and not 0 <= ids.min() <= ids.max() < len(names):
+        raise DamagedFileError(f"{f.filename}: rows name series {ids.min()}..{ids.max()}, names has {len(names)}")
+    decoded = [name.decode() for name in names["name"]]
+    if not all(decoded) or len(set(decoded)) < len(decoded):
+        raise DamagedFileError(f"{f.filename}: empty or repeated series names")
     order = np.argsort(ids, kind="stable")
     bounds = np.searchsorted(ids[order], np.arange(len(names) + 1))
     plain = np.empty(len(rows), ROW)
     for key in ROW.names:
         plain[key] = rows[key]
-    for i, (name, source) in enumerate(names):
-        table.series[name.decode()] = plain[order[bounds[i]:bounds[i + 1]]]
-        table.sources[name.decode()] = source.decode()
+    for i, (name, source) in enumerate(zip(decoded, names["source"])):
+        table.series[name] = plain[order[bounds[i]:bounds[i + 1]]]
+        table.sources[name] = source.decode()
     return table
 
 
 def read_table(path: str | Path) -> MetricsTable:
     """Every series of a ``metrics.h5``; safe while a writer appends (an SWMR read, which also reads a file a
-    crashed writer left in SWMR mode)."""
+    crashed writer left in SWMR mode). DamagedFileError when the file cannot be trusted."""
     if not Path(path).exists():
         return MetricsTable()
-    with open_h5(path, "r", libver="latest", swmr=True) as f:
-        return _read_open(f)
+    try:
+        with open_h5(path, "r", libver="latest", swmr=True) as f:
+            return _read_open(f)
+    except (FileBusyError, DamagedFileError):  # busy is not damaged (a RuntimeError, as h5py's parse errors)
+        raise
+    except PARSE_ERRORS as err:
+        raise DamagedFileError(f"{path}: unreadable ({type(err).__name__}: {' '.join(str(err).split())})") from err
 
 
 def read_metrics(path: str | Path) -> dict[str, np.ndarray]:
@@ -154,8 +174,9 @@ def write_table(path: str | Path, table: MetricsTable, swmr_writer: bool = False
         for key, value in table.attrs.items():
             group.attrs[key] = value
         group.create_dataset("names", data=np.array([(n.encode(), table.sources.get(n, "").encode()) for n in names],
-                                                    NAME), maxshape=(None,), chunks=(256,))
-        group.create_dataset("rows", data=rows, maxshape=(None,), chunks=(CHUNK,), fletcher32=True)
+                                                    NAME), maxshape=(None,), chunks=(256,), fletcher32=True)
+        group.create_dataset("rows", data=rows, maxshape=(None,), chunks=(CHUNK,), fletcher32=True,
+                             fillvalue=MISSING_ROW)
 
     write_new_file(tmp, (hdf5_image(fill, libver="latest"),))
     writer = None
@@ -204,13 +225,12 @@ class MetricsWriter:
                                    "one crashed while writing it; resuming the run recovers it")
         try:
             table = read_table(self.path)
-        except (OSError, KeyError, ValueError) as err:
+        except DamagedFileError as err:
             if not recover:
                 raise
-            aside = self.path.with_name(f"{self.path.name}.damaged.{int(time.time())}")
-            os.replace(self.path, aside)
-            log.error("metrics.h5 is unreadable (%s): set aside as %s, starting an empty one", err, aside.name)
-            print(f"metrics.h5 is unreadable: set aside as {aside.name}", flush=True)
+            aside = set_aside(self.path)
+            log.error("%s: set aside as %s, starting an empty metrics.h5", err, aside.name)
+            print(f"metrics.h5 is damaged: set aside as {aside.name}, starting an empty one ({err})", flush=True)
             return MetricsTable()
         if resume_version is not None:
             table = table.cut_after(resume_version)

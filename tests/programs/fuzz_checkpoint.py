@@ -1,7 +1,7 @@
 """Damage copies of one committed checkpoint TRIALS times (seed SEED) in DIR and load each; print the outcome counts.
 
 Damage kinds, in turn: bit flips, truncation, a zeroed block (16 B to 4 KiB), a block of random bytes, a file of
-random bytes. Each trial is announced (flushed) before its load, so a crash names the trial that caused it; the last
+random bytes (``damaged``, which tests/programs/fuzz_metrics.py and tests/test_storage_damage.py use too). Each trial is announced (flushed) before its load, so a crash names the trial that caused it; the last
 line is a JSON object of counts: "refused" (CheckpointError), "unchanged" (the damage changed no byte and the load
 returned the original content), "silent" (changed bytes loaded: must never happen) and "other" (any other exception).
 Run as a subprocess: a segmentation fault must fail the test that drives it, not end it.
@@ -27,8 +27,8 @@ def damaged(original: bytes, kind: str, rng: np.random.Generator) -> tuple[bytes
         size = int(rng.integers(0, len(data)))
         return bytes(data[:size]), f"truncated to {size} bytes"
     if kind in ("zero", "overwrite"):
-        size = int(rng.integers(16, 4097))
-        offset = int(rng.integers(0, len(data) - size))
+        size = int(rng.integers(min(16, len(data)), min(4096, len(data)) + 1))  # a small file: up to all of it
+        offset = int(rng.integers(0, len(data) - size)) if len(data) > size else 0
         data[offset:offset + size] = bytes(size) if kind == "zero" else rng.bytes(size)
         return bytes(data), f"{size} bytes at {offset} {'zeroed' if kind == 'zero' else 'overwritten'}"
     size = int(rng.integers(0, 2 * len(data)))
