@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import hashlib
 import io
 import json
 import os
 import re
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,14 +173,31 @@ def is_lock_error(err: BaseException) -> bool:
 SWMR_READ_ATTEMPTS = 28
 
 
+@functools.cache
+def _set_metadata_read_attempts():
+    """HDF5's ``H5Pset_metadata_read_attempts``, which h5py does not wrap, looked up once in the HDF5 library h5py
+    is linked with (through one of h5py's extension modules: a lookup searches the libraries it links); None where
+    that library does not export it."""
+    try:
+        function = ctypes.CDLL(h5py.h5p.__file__).H5Pset_metadata_read_attempts
+    except (OSError, AttributeError):
+        warnings.warn("the HDF5 library h5py links does not export H5Pset_metadata_read_attempts: a damaged "
+                      "metrics.h5 can stall an SWMR read (HDF5's 100 doubling retries) instead of being refused",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    function.argtypes = [ctypes.c_int64, ctypes.c_uint]
+    return function
+
+
 def _open_swmr_read(path: str | Path) -> h5py.File:
-    """``h5py.File(path, "r", libver="latest", swmr=True)`` with ``SWMR_READ_ATTEMPTS`` tries per metadata block.
-    h5py does not wrap ``H5Pset_metadata_read_attempts``: it is called in the HDF5 library h5py is linked with."""
+    """``h5py.File(path, "r", libver="latest", swmr=True)`` with ``SWMR_READ_ATTEMPTS`` tries per metadata block
+    (HDF5's own 100 where its library lacks the setting: ``_set_metadata_read_attempts``)."""
+    set_attempts = _set_metadata_read_attempts()
+    if set_attempts is None:
+        return h5py.File(path, "r", libver="latest", swmr=True)
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
     fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
-    hdf5 = ctypes.CDLL(h5py.h5p.__file__)  # its symbols resolve in the HDF5 library it links
-    hdf5.H5Pset_metadata_read_attempts.argtypes = [ctypes.c_int64, ctypes.c_uint]
-    if hdf5.H5Pset_metadata_read_attempts(fapl.id, SWMR_READ_ATTEMPTS) < 0:
+    if set_attempts(fapl.id, SWMR_READ_ATTEMPTS) < 0:
         raise RuntimeError("H5Pset_metadata_read_attempts failed")
     fid = h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ, fapl=fapl)
     return h5py.File(fid)
