@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 PYTEST_ARGS ?=
-BENCHES ?= env transport learner learning e2e surgery
+BENCHES ?= env go transport learner learning e2e surgery
 export OMP_NUM_THREADS := 1
 
 .PHONY: setup test test-fast test-light train bench reproduce reproduce-1v1 figure6 cluster-up cluster-down clean help

@@ -56,12 +56,13 @@ else
   bash scripts/build_horovod.sh "$PY"
 fi
 
-# --- 4. compile the environment's numba kernels once (cached beside the sources), so that MPI ranks starting
-#        together do not each spend ~30 s compiling them
+# --- 4. compile the environments' numba kernels (the MOBA's, Go's) once (cached beside the sources), so that MPI
+#        ranks starting together do not each spend ~30 s compiling them
 "$PY" -c "from hpc_rl.envs.scripted import warm_up; warm_up()" || fail "the environment's kernels do not compile"
+"$PY" -c "from hpc_rl.envs.go import warm_up; warm_up()" || fail "the Go engine's kernels do not compile"
 
 # --- 5. check -----------------------------------------------------------------------------------
-"$PY" -c "import horovod.torch, mpi4py, h5py, hydra, submitit, torch, gymnasium, pettingzoo, mpe2, hpc_rl, hpc_rl.transport._ring" \
+"$PY" -c "import horovod.torch, mpi4py, h5py, hydra, submitit, torch, gymnasium, pettingzoo, mpe2, pyspiel, hpc_rl, hpc_rl.transport._ring" \
   || fail "a package does not import"
 check=$("$VENV/bin/horovodrun" --check-build)
 controllers=$(echo "$check" | sed -n '/Available Controllers/,/Available Tensor/p')

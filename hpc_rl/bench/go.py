@@ -1,0 +1,162 @@
+"""Speed of the random-rollout UCT search on Go (``hpc_rl.envs.go``) against OpenSpiel's, on the same positions.
+
+``python -m hpc_rl.bench go --json``. ``--positions`` positions (default 20) of ``--board-size`` (default 9) Go,
+each the result of a seeded random opening of ``--opening-moves`` legal stones (uniform in the range, no passes;
+komi 7.5), are searched once each by:
+
+- ours: ``RolloutMCTS`` (compiled, one thread) → ``rollout_mcts_sims_per_s``;
+- OpenSpiel's C++ ``MCTSBot`` with its C++ ``RandomRolloutEvaluator`` on its C++ game, through pyspiel
+  (``pyspiel.MCTSBot``) → ``openspiel_cpp_mcts_sims_per_s``;
+- OpenSpiel's Python ``MCTSBot`` (``open_spiel.python.algorithms.mcts``) with its ``RandomRolloutEvaluator`` over
+  the C++ game's states → ``openspiel_mcts_sims_per_s``; it is slow, so it searches the first ``--python-positions``
+  positions only, and ``rollout_mcts_sims_per_s_on_python_positions`` is ours on the same ones for its ratio.
+
+Equal work: the same ``--simulations`` per search, ``--rollouts`` random playouts per leaf, ``uct_c`` and solving
+(MCTS-Solver on, OpenSpiel's default), on the same positions, searched one after the other position by position so
+that all see the same load. Simulations are counted as run: ours and the Python bot's from their trees (a solved root
+stops a search early); the C++ bot's is ``--simulations`` per search (pyspiel does not expose its tree; a root with
+one legal action would stop it after one simulation, and the openings leave many). Each search is timed alone with
+``time.perf_counter``; setting up the positions is not timed. The ratios ``ours_vs_*`` divide the rates.
+
+``--match-games N`` (default 0) adds a strength check: ours against the C++ bot at equal simulations, N games,
+colours alternating, from the empty board (``match``: wins, losses and draws of ours).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ[_var] = "1"  # one core, before numpy and numba start their pools
+
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from hpc_rl.envs.go import GoGames, RolloutMCTS  # noqa: E402
+
+KOMI = 7.5
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--board-size", type=int, default=9, help="board size of the positions")
+    parser.add_argument("--positions", type=int, default=20, help="positions searched")
+    parser.add_argument("--opening-moves", type=int, nargs=2, default=(10, 40), metavar=("LOW", "HIGH"),
+                        help="random legal stones before a position, uniform in [LOW, HIGH)")
+    parser.add_argument("--simulations", type=int, default=1000, help="simulations per search (max_simulations)")
+    parser.add_argument("--rollouts", type=int, default=1, help="random playouts per leaf (n_rollouts)")
+    parser.add_argument("--uct-c", type=float, default=2.0, help="UCT exploration constant")
+    parser.add_argument("--python-positions", type=int, default=3,
+                        help="positions also searched by OpenSpiel's Python MCTSBot (the first ones)")
+    parser.add_argument("--match-games", type=int, default=0, help="games of ours against OpenSpiel's C++ bot")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the openings and of the searches")
+
+
+def check_arguments(args) -> None:
+    if not 5 <= args.board_size <= 19:
+        raise ValueError(f"--board-size must lie in [5, 19], got {args.board_size}")
+    for name in ("positions", "rollouts"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.simulations < 2:
+        raise ValueError(f"--simulations must be >= 2, got {args.simulations}")
+    low, high = args.opening_moves
+    if not 0 <= low < high <= args.board_size ** 2 // 2:
+        raise ValueError(f"--opening-moves must satisfy 0 <= LOW < HIGH <= board points / 2, got {low} {high}")
+    if not 0 <= args.python_positions <= args.positions:
+        raise ValueError(f"--python-positions must lie in [0, --positions], got {args.python_positions}")
+    if args.match_games < 0:
+        raise ValueError(f"--match-games must be >= 0, got {args.match_games}")
+    if not 0 <= args.seed < 2**31:
+        raise ValueError(f"--seed must be in [0, 2**31), got {args.seed}")
+
+
+def random_openings(size: int, count: int, low: int, high: int, seed: int) -> list[list[int]]:
+    """``count`` action lists, each of a uniform number in [low, high) of uniformly random legal stones."""
+    rng = np.random.default_rng(seed)
+    openings = []
+    for _ in range(count):
+        games = GoGames(1, size, KOMI)
+        actions = []
+        for _ in range(int(rng.integers(low, high))):
+            legal = np.flatnonzero(games.legal_mask()[0, :-1])
+            actions.append(int(rng.choice(legal)))
+            games.step(actions[-1:])
+        openings.append(actions)
+    return openings
+
+
+def play_match(game, size: int, games: int, simulations: int, rollouts: int, uct_c: float, seed: int) -> dict:
+    """Ours against the C++ MCTSBot from the empty board, ours black in even games; ours' wins, losses, draws."""
+    import pyspiel
+
+    result = {"games": games, "wins": 0, "losses": 0, "draws": 0, "simulations": simulations, "opponent": "cpp"}
+    for i in range(games):
+        ours = RolloutMCTS(uct_c, simulations, rollouts, seed=seed + i)
+        theirs = pyspiel.MCTSBot(game, pyspiel.RandomRolloutEvaluator(rollouts, seed + i), uct_c, simulations,
+                                 1000, True, seed + i, False)
+        state, board = game.new_initial_state(), GoGames(1, size, KOMI)
+        ours_player = i % 2
+        while not state.is_terminal():
+            action = ours.step(board) if state.current_player() == ours_player else theirs.step(state)
+            state.apply_action(action)
+            board.step([action])
+        ret = state.returns()[ours_player]
+        result["wins" if ret > 0 else "losses" if ret < 0 else "draws"] += 1
+    return result
+
+
+def run(args) -> dict:
+    check_arguments(args)
+    import pyspiel
+    from open_spiel.python.algorithms import mcts
+
+    size = args.board_size
+    game = pyspiel.load_game("go", {"board_size": size, "komi": KOMI})
+    openings = random_openings(size, args.positions, *args.opening_moves, args.seed)
+    ours = RolloutMCTS(args.uct_c, args.simulations, args.rollouts, seed=args.seed)
+    ours.step(GoGames(1, size, KOMI))  # compiled (or loaded from numba's cache) before any timing
+    cpp = pyspiel.MCTSBot(game, pyspiel.RandomRolloutEvaluator(args.rollouts, args.seed), args.uct_c,
+                          args.simulations, 1000, True, args.seed, False)
+    python = mcts.MCTSBot(game, args.uct_c, args.simulations,
+                          mcts.RandomRolloutEvaluator(args.rollouts, np.random.RandomState(args.seed)),
+                          solve=True, random_state=np.random.RandomState(args.seed))
+    seconds = {"ours": [], "cpp": [], "python": []}
+    sims = {"ours": [], "python": []}
+    for k, actions in enumerate(openings):
+        games, state = GoGames(1, size, KOMI), game.new_initial_state()
+        for a in actions:
+            games.step([a])
+            state.apply_action(a)
+        before = ours.simulations
+        start = time.perf_counter()
+        ours.step(games)
+        seconds["ours"].append(time.perf_counter() - start)
+        sims["ours"].append(ours.simulations - before)
+        start = time.perf_counter()
+        cpp.step(state)
+        seconds["cpp"].append(time.perf_counter() - start)
+        if k < args.python_positions:
+            start = time.perf_counter()
+            root = python.mcts_search(state)
+            seconds["python"].append(time.perf_counter() - start)
+            sims["python"].append(root.explore_count)
+    ours_rate = sum(sims["ours"]) / sum(seconds["ours"])
+    cpp_rate = args.simulations * len(openings) / sum(seconds["cpp"])
+    result = {"board_size": size, "komi": KOMI, "positions": len(openings),
+              "opening_moves": [len(a) for a in openings], "simulations_per_search": args.simulations,
+              "rollouts_per_leaf": args.rollouts, "uct_c": args.uct_c, "solve": True,
+              "rollout_mcts_sims_per_s": ours_rate, "openspiel_cpp_mcts_sims_per_s": cpp_rate,
+              "ours_vs_openspiel_cpp": ours_rate / cpp_rate,
+              "ours_simulations": int(sum(sims["ours"])), "python_positions": args.python_positions}
+    if args.python_positions:
+        n = args.python_positions
+        ours_subset = sum(sims["ours"][:n]) / sum(seconds["ours"][:n])
+        python_rate = sum(sims["python"]) / sum(seconds["python"])
+        result.update({"openspiel_mcts_sims_per_s": python_rate,
+                       "rollout_mcts_sims_per_s_on_python_positions": ours_subset,
+                       "ours_vs_openspiel_python": ours_subset / python_rate})
+    if args.match_games:
+        result["match"] = play_match(game, size, args.match_games, args.simulations, args.rollouts, args.uct_c,
+                                     args.seed)
+    return result
