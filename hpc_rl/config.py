@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hpc_rl.algo.rewards import RewardConfig
-from hpc_rl.algo.schedules import KINDS, Schedule
+from hpc_rl.algo.schedules import KINDS, Schedule, constant
 from hpc_rl.envs.api import VecEnv
 from hpc_rl.envs.moba_config import REWARD_EVENTS, MobaConfig
 from hpc_rl.model.config import ModelConfig
@@ -38,6 +38,7 @@ ALLREDUCES = ("horovod", "mpi")
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # torch.device names a role may run on; auto: a GPU if any
 UNDECAYED_EVENTS = ("win", "loss")  # OpenAI Five: the game-time decay spares the outcome
 WARMUP_OPPONENTS = ("random", "scripted")  # the bots a MOBA curriculum may start against
+GAME_VERSIONS = (1, 2)  # the MOBA's game versions: hpc_rl.envs.moba, and hpc_rl.envs.moba_v2 over it
 
 
 @dataclass
@@ -62,6 +63,15 @@ class EnvConfig:
     # MOBA kickstarting: the reference bot whose action on every step's observation is reported to the learner
     # (hpc_rl.envs.teacher), which ppo.kickstart_coef weighs; "": none.
     teacher: str = ""
+    # MOBA game version (hpc_rl.envs.moba_v2): 1, the game of hpc_rl.envs.moba; 2, one more hero attribute (its
+    # attack timer) and one more action (heal). A run moves from 1 to 2 by a surgery (docs/surgery.md).
+    game_version: int = 1
+    # Game version 2 only: the share of games played under version 2's rules, a schedule over the policy versions
+    # since ``new_version_since`` (OpenAI Five played old and new game versions side by side, "slowly increasing the
+    # rate of the new environment"); the others play version 1 in version 2's layout (the new attribute 0, heal never
+    # legal). Drawn as each game starts. jobs/surgery.py sets ``new_version_since`` to the surgery's version.
+    new_version_share: Schedule = field(default_factory=lambda: constant(1.0))
+    new_version_since: int = 0
 
     def __post_init__(self) -> None:
         kind, _, what = self.name.partition(":")
@@ -83,6 +93,17 @@ class EnvConfig:
             self.warmup_moba()  # MobaConfig checks the map size
         if self.teacher and (self.teacher != "scripted" or not self.is_moba):
             raise ValueError(f"env.teacher must be '' or, in MOBA, 'scripted', got {self.teacher!r}")
+        if self.game_version not in GAME_VERSIONS or (self.game_version != 1 and not self.is_moba):
+            raise ValueError(f"env.game_version must be one of {GAME_VERSIONS} (MOBA; 1 elsewhere), got "
+                             f"{self.game_version}")
+        share = self.new_version_share
+        if not (0.0 <= share(0) <= 1.0 and 0.0 <= share(10**9) <= 1.0):
+            raise ValueError(f"env.new_version_share must stay in [0, 1], got schedule {share}")
+        if self.game_version == 1 and share != constant(1.0):
+            raise ValueError(f"env.new_version_share ({share}) mixes game versions 1 and 2: it needs "
+                             "env.game_version=2")
+        if self.new_version_since < 0:
+            raise ValueError(f"env.new_version_since must be >= 0, got {self.new_version_since}")
 
     @property
     def is_moba(self) -> bool:
@@ -128,15 +149,36 @@ class EnvConfig:
         """The game env ranks play while the policy is at ``version`` (the curriculum's stage)."""
         return self.warmup_moba() if self.warming_up(version) else self.moba
 
+    def new_version_share_at(self, version: int) -> float:
+        """The share of games starting under game version 2's rules while the policy is at ``version``."""
+        return self.new_version_share(max(version - self.new_version_since, 0))
+
+    def share_moves_until(self) -> int:
+        """The last policy version at which the new game version's share changes (0: it never does); env ranks
+        learn each version up to it from the controller."""
+        share = self.new_version_share
+        return 0 if self.game_version == 1 or share.kind == "constant" else self.new_version_since + share.versions
+
+    def moba_env(self, moba: MobaConfig, num_envs: int, first_copy: int = 0, new_version_share: float = 1.0):
+        """The MOBA of ``game_version`` on ``moba``'s settings: ``MobaEnv``, or for version 2 ``MobaV2Env`` with
+        ``new_version_share`` of its games under version 2's rules."""
+        from hpc_rl.envs.moba import MobaEnv
+
+        if self.game_version == 1:
+            return MobaEnv(moba, num_envs, first_copy=first_copy)
+        from hpc_rl.envs.moba_v2 import MobaV2Env
+
+        return MobaV2Env(moba, num_envs, first_copy=first_copy, new_version_share=new_version_share)
+
     def make(self, num_envs: int | None = None, first_copy: int = 0, version: int | None = None) -> VecEnv:
         """``num_envs`` copies (default ``num_envs``) from global copy ``first_copy``; MOBA: the game of the
-        curriculum's stage at policy ``version`` (None: ``moba``, the game evaluations play)."""
+        curriculum's stage at policy ``version``, with ``new_version_share_at(version)`` of its games under game
+        version 2's rules (None: ``moba``, every game of ``game_version``: the game evaluations play)."""
         n = num_envs or self.num_envs
         if self.is_moba:
-            from hpc_rl.envs.moba import MobaEnv
-
             moba = self.moba if version is None else self.moba_at(version)
-            env = MobaEnv(moba, n, first_copy=first_copy)
+            share = 1.0 if version is None else self.new_version_share_at(version)
+            env = self.moba_env(moba, n, first_copy, share)
             if not self.teacher:
                 return env
             from hpc_rl.envs.scripted import make_bot
@@ -377,9 +419,9 @@ class TrainConfig:
 # the gradient clip's moments; the observation and value normalisers) or the spaces it was trained on (the
 # environment: its observations' entities and features, its actions). A resumed run keeps them; it may change every
 # other setting. tests/test_resume.py holds this list against the learner's state and the environment's spec.
-SHAPE_KEYS = ("env.name", "env.moba.team_size", "env.moba.lanes", "env.moba.towers_per_lane", "env.moba.wave_melee",
-              "env.moba.wave_ranged", "env.moba.max_waves_alive", "model.core", "model.lstm_size", "model.embed_size",
-              "model.entity_pooling", "ppo.value_norm")
+SHAPE_KEYS = ("env.name", "env.game_version", "env.moba.team_size", "env.moba.lanes", "env.moba.towers_per_lane",
+              "env.moba.wave_melee", "env.moba.wave_ranged", "env.moba.max_waves_alive", "model.core", "model.lstm_size",
+              "model.embed_size", "model.entity_pooling", "ppo.value_norm")
 # Where a run is and when it stops, not how it learns: never a change (a finished run is continued by raising
 # pipeline.max_versions).
 UNRECORDED_KEYS = ("run_name", "runs_dir", "pipeline.max_versions", "pipeline.max_seconds")
@@ -417,9 +459,13 @@ def show_setting(value: Any) -> str:
 
 def resumable_changes(old: dict[str, Any], new: dict[str, Any], source: str) -> list[tuple[str, Any, Any]]:
     """The changes from the settings ``old`` that checkpoint ``source`` was trained with to a resumed run's ``new``;
-    raise ResumeError listing every change of a ``SHAPE_KEYS`` setting, which the saved state cannot take."""
+    raise ResumeError listing every change of a ``SHAPE_KEYS`` setting, which the saved state cannot take. A shape
+    setting added since ``source`` was written (``env.game_version``) held its default then: at the default it is no
+    refused change."""
     changes = setting_changes(old, new)
-    refused = [f"{key}: {show_setting(o)} -> {show_setting(n)}" for key, o, n in changes if key in SHAPE_KEYS]
+    recorded, defaults = flat_settings(old), flat_settings(TrainConfig().settings())
+    refused = [f"{key}: {show_setting(o)} -> {show_setting(n)}" for key, o, n in changes if key in SHAPE_KEYS
+               and (key in recorded or n != defaults.get(key))]
     if refused:
         raise ResumeError(f"cannot resume from {source}: these settings decide the shapes of its saved state or the "
                           f"spaces it was trained on, and differ: {'; '.join(refused)}. Shape-changing changes need a "

@@ -94,16 +94,15 @@ def play_match(first: Player, second: Player, config: TrainConfig, games: int, s
     only, with its own LSTM state per agent. ``on_step`` is called before the first env step and after every one (a
     rank keeps heartbeating there; it may raise to abandon the match).
 
-    Returns the tally from ``first``'s side, draws (time limit) apart, and ``scores``: its score in each game
-    (1 win, 0.5 draw, 0 loss), in copy order.
+    Every game is played under the run's game version (``env.game_version``; version 2: all of them under version 2's
+    rules, whatever share training mixes). Returns the tally from ``first``'s side, draws (time limit) apart, and
+    ``scores``: its score in each game (1 win, 0.5 draw, 0 loss), in copy order.
     """
-    from hpc_rl.envs.moba import MobaEnv
-
     if not config.env.is_moba:
         raise ValueError("play_match needs a MOBA run")
     if games < 1 or (mirrored and games % 2):
         raise ValueError(f"games must be >= 1{' and even (mirrored pairs)' if mirrored else ''}, got {games}")
-    env = MobaEnv(dataclasses.replace(config.env.moba, mirrored_pairs=mirrored), games)
+    env = config.env.moba_env(dataclasses.replace(config.env.moba, mirrored_pairs=mirrored), games)
     first_team = np.arange(games) % 2
     first_side = team_agents(env.spec, first_team)
     actors = [(player_actor(player, side, config, seed + 1 + k, deterministic), side)

@@ -60,6 +60,13 @@ SEGMENT_OBSERVATION_BYTES = "transport/segment_observation_bytes"
 WIN_RATE_VS_SCRIPTED = "eval/win_rate_vs_scripted"  # the learning side's games against the bot, last ten versions
 WIN_RATE_WINDOW = 10  # the versions whose finished games each row of the two series above and below counts
 GAMES_VS_SCRIPTED = "eval/games_vs_scripted"
+# Game version 2 (env.game_version=2): the share of env copy-steps since the last version played under its rules,
+# the share env.new_version_share schedules for this version (games draw it as they start, so the played share
+# follows it by about a game's length), and the win rate against the bot in version 2 games (last ten versions)
+NEW_VERSION_SHARE = "env/new_version_share"
+NEW_VERSION_SHARE_TARGET = "env/new_version_share_target"
+WIN_RATE_VS_SCRIPTED_NEW_VERSION = "eval/win_rate_vs_scripted_new_version"
+GAMES_VS_SCRIPTED_NEW_VERSION = "eval/games_vs_scripted_new_version"
 EPISODE_RETURN = "stats/episode_return"  # Gymnasium, PettingZoo (per agent): mean return of the last ten versions' episodes
 POOL_SIZE = "league/pool_size"
 GAMES_VS_PAST = "league/games_vs_past"

@@ -1,7 +1,9 @@
-"""Model surgery: a run's latest good checkpoint, widened without changing what the policy does, as a new run.
+"""Model surgery: a run's latest good checkpoint, widened or moved to a newer game version without changing what the
+policy does, as a new run.
 
     python jobs/surgery.py runs/my_run --out runs/my_run_wide model.lstm_size=192
     python jobs/surgery.py runs/my_run --out runs/wide model.embed_size=96 model.lstm_size=192 --warmup-versions 20
+    python jobs/surgery.py runs/my_run --out runs/my_run_v2 env.game_version=2
 
 The new run directory holds the changed config, the checkpoint (same version, learner state carried over) and
 meta.json's ``surgery_from`` (source run, version, changes); its opponent pool's past versions went through the same
@@ -58,7 +60,7 @@ def resume_overrides(config, source_argv: list[str], changes: dict[str, int]) ->
     from hpc_rl.storage.run import command_overrides
 
     register()
-    replaced = ("run_name=", "runs_dir=", "model.", "ppo.lr_zero_until=")
+    replaced = ("run_name=", "runs_dir=", "model.", "env.game_version=", "ppo.lr_zero_until=")
     ours = [*(f"{k}={v}" for k, v in changes.items()), f"ppo.lr_zero_until={config.ppo.lr_zero_until}",
             f"run_name={config.run_name}", f"runs_dir={config.runs_dir}"]
     keep = command_overrides(source_argv, replaced)
@@ -80,7 +82,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the source run directory (read only)")
     parser.add_argument("--out", type=Path, required=True, help="the new run directory (must not exist)")
-    parser.add_argument("changes", nargs="*", help="key=value: model.embed_size=N, model.lstm_size=N (wider only)")
+    parser.add_argument("changes", nargs="*", help="key=value: model.embed_size=N, model.lstm_size=N (wider only), "
+                        "env.game_version=2 (MOBA)")
     parser.add_argument("--warmup-versions", type=int, default=None,
                         help="versions trained with learning rate 0 after the surgery (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the new units' random weights")

@@ -119,7 +119,8 @@ def test_a_bad_schedule_is_named():
 
 
 def test_schedule_fields_are_found_in_the_dataclasses():
-    assert set(SCHEDULE_KEYS) == {"ppo.lr", "ppo.entropy_coef", "ppo.gamma", "ppo.team_spirit", "ppo.kickstart_coef"}
+    assert set(SCHEDULE_KEYS) == {"ppo.lr", "ppo.entropy_coef", "ppo.gamma", "ppo.team_spirit", "ppo.kickstart_coef",
+                                  "env.new_version_share"}
 
 
 @pytest.mark.parametrize("key", SCHEDULE_KEYS)
@@ -127,15 +128,16 @@ def test_a_bare_number_is_a_constant_schedule(key):
     """``ppo.lr=1e-4`` is ``ppo.lr.start=1e-4`` with kind constant, replacing whatever schedule was there (the presets
     decay the learning rate and the kickstarting weight linearly), on the command line and in process alike."""
     section, name = key.split(".")
-    teacher = ["env.teacher=scripted"] if name == "kickstart_coef" else []  # a kickstarting weight needs a teacher
-    preset = "moba_kickstart" if teacher else "cartpole"
+    # A kickstarting weight needs a teacher, a share of the new game version a game version 2.
+    teacher = {"kickstart_coef": ["env.teacher=scripted"], "new_version_share": ["env.game_version=2"]}.get(name, [])
+    preset = {"kickstart_coef": "moba_kickstart", "new_version_share": "moba_small_map"}.get(name, "cartpole")
 
     def schedule(cfg: TrainConfig) -> Schedule:
         return getattr(getattr(cfg, section), name)
 
     expected = constant(0.5)
     assert schedule(build_config(OmegaConf.from_dotlist([f"{key}=0.5", *teacher]))) == expected
-    assert schedule(_compose(f"experiment={preset}", f"{key}=0.5")) == expected
+    assert schedule(_compose(f"experiment={preset}", f"{key}=0.5", *teacher)) == expected
     assert schedule(_compose(f"{key}.start=0.5", *teacher)).start == 0.5  # the long form still works
     with pytest.raises(ValueError, match=f"{key} must be a number \\(a constant\\) or a schedule"):
         build_config(OmegaConf.from_dotlist([f"{key}=fast"]))

@@ -11,6 +11,7 @@ from hpc_rl.algo.learner import Learner
 from hpc_rl.algo.schedules import Schedule, constant
 from hpc_rl.config import SHAPE_KEYS, ResumeError, TrainConfig, build_config, setting_changes, to_yaml
 from hpc_rl.envs.moba_config import MobaConfig
+from hpc_rl.envs.moba_v2 import spec_v2
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.model.policy import Policy
@@ -31,7 +32,8 @@ OTHER_MOBA = {"team_size": 2, "lanes": 3, "towers_per_lane": 3, "map_size": 96.0
 
 def _state_and_spaces(config: TrainConfig) -> tuple[dict[str, tuple], object]:
     """The shape of every array of the learner's checkpoint sections, and the environment's spec (MOBA)."""
-    learner = Learner(Policy(config.env.moba.spec(), config.model), config.ppo)
+    spec = config.env.moba.spec() if config.env.game_version == 1 else spec_v2(config.env.moba)
+    learner = Learner(Policy(spec, config.model), config.ppo)
     shapes = {}
 
     def walk(prefix: str, tree) -> None:
@@ -42,7 +44,7 @@ def _state_and_spaces(config: TrainConfig) -> tuple[dict[str, tuple], object]:
             shapes[prefix] = np.shape(tree)
 
     walk("", learner.checkpoint_sections())
-    return shapes, config.env.moba.spec()
+    return shapes, spec
 
 
 def test_shape_keys_are_the_settings_that_shape_the_saved_state_or_its_spaces():
@@ -55,6 +57,7 @@ def test_shape_keys_are_the_settings_that_shape_the_saved_state_or_its_spaces():
     variants |= {f"env.moba.{k}": replace(base, env=replace(base.env, moba=replace(base.env.moba, **{k: v})))
                  for k, v in OTHER_MOBA.items()}
     variants["ppo.value_norm"] = replace(base, ppo=replace(base.ppo, value_norm=not base.ppo.value_norm))
+    variants["env.game_version"] = replace(base, env=replace(base.env, game_version=2))
     shaping = {key for key, config in variants.items() if _state_and_spaces(config) != reference}
     assert shaping == {key for key in SHAPE_KEYS if key != "env.name"}  # env.name: another environment altogether
 
@@ -146,3 +149,19 @@ def test_a_run_written_before_a_setting_existed_resumes(tmp_path):
     commit_checkpoint(layout.checkpoints, 4, {"params": {"w": np.zeros(3)}}, legacy_hash)  # no settings
     assert open_run_dir(_config(tmp_path, "ppo.lam=0.9")).version == 4
     assert [(c["key"], c["old"], c["new"]) for c in open_run(layout.root).config_changes] == [("ppo.lam", 0.95, 0.9)]
+
+
+def test_a_shape_setting_added_since_the_checkpoint_resumes_at_its_default(tmp_path):
+    """A checkpoint whose recorded settings predate ``env.game_version``: they played version 1, its default, so the
+    run resumes (the new keys recorded as changes from None); moving to version 2 is refused (it takes a surgery)."""
+    old = _config(tmp_path)
+    layout = RunLayout.of(old.runs_dir, old.run_name)
+    settings = old.settings()
+    del settings["env"]["game_version"], settings["env"]["new_version_share"]
+    commit_checkpoint(layout.checkpoints, 4, {"params": {"w": np.zeros(3)}}, old.config_hash(), config=settings)
+    assert open_run_dir(_config(tmp_path)).version == 4
+    assert {(c["key"], c["old"]) for c in open_run(layout.root).config_changes} == {
+        ("env.game_version", None), ("env.new_version_share", None)}
+    moba = build_config(OmegaConf.from_dotlist([f"runs_dir={tmp_path}", "run_name=cp", "env.game_version=2"]))
+    with pytest.raises(ResumeError, match="env.game_version: None -> 2"):
+        open_run_dir(moba)

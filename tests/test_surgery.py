@@ -24,7 +24,8 @@ from hpc_rl.model.policy import Policy, norm_keys
 from hpc_rl.runner import SerialRunner
 from hpc_rl.model.tree import to_torch_tree
 from hpc_rl.storage import open_run, write_pool
-from hpc_rl.surgery import SurgeryError, changed, parse_changes
+from hpc_rl.envs.moba_v2 import spec_v2
+from hpc_rl.surgery import SurgeryError, changed, parse_changes, upgrade_game
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = MobaConfig().spec()
@@ -138,6 +139,27 @@ def test_adding_an_action_leaves_the_policy_within_its_offset(recorded):
     assert more.uses_target.tolist() == [*policy.uses_target.tolist(), True]
 
 
+@pytest.mark.parametrize("core", ["lstm", "mlp"])
+def test_moving_to_game_version_2_keeps_the_function_on_version_1_games(core, recorded):
+    """hpc_rl.surgery.upgrade_game: exact where the game is version 1 in version 2's layout (the attribute 0, heal
+    illegal), within the new action's offset where heal is legal, whatever the attribute holds."""
+    model = ModelConfig(core=core, lstm_size=16, embed_size=8)
+    policy = random_policy(model)
+    normalizers = {k: {"count": 1000.0, "mean": np.ones(w), "m2": np.full(w, 4000.0)}
+                   for k, w in zip(policy.norm_keys, (24, 19, 12, 11, 9))}
+    params, stats = upgrade_game(policy.state_dict(), SPEC, 1, 2, torch.Generator().manual_seed(1), normalizers)
+    moved = changed_policy(params, model, spec_v2(MobaConfig()))
+    heroes, mask = recorded[0]["entities/heroes"], recorded[0]["action_mask"]
+    before = outputs(policy, recorded)
+    for attribute, heal, bound in ((0.0, False, EXACT), (100.0, False, EXACT), (0.5, True, math.exp(-20))):
+        column = torch.full((*heroes.shape[:-1], 1), attribute, dtype=heroes.dtype)
+        legal = torch.full((*mask.shape[:-1], 1), heal)
+        got = outputs(moved, recorded, **{"entities/heroes": torch.cat([heroes, column], dim=-1),
+                                          "action_mask": torch.cat([mask, legal], dim=-1)})
+        assert surgery.max_abs_diff(before, got) < bound
+    assert stats["entities/heroes"]["mean"].shape == (20,) and stats["global"] is normalizers["global"]
+
+
 def test_the_optimizer_and_clip_state_carry_where_shapes_are_unchanged(recorded):
     model = ModelConfig(core="lstm", lstm_size=16, embed_size=8)
     torch.manual_seed(0)
@@ -186,6 +208,16 @@ def test_refusals():
         with pytest.raises(SurgeryError, match=says):
             parse_changes(config, changes)
     assert changed(config, {"model.lstm_size": 24}, 100, 5).ppo.lr_zero_until == 105
+    assert parse_changes(config, ["env.game_version=2"]) == {"env.game_version": 2}
+    moved = changed(config, {"env.game_version": 2}, 100, 5).env
+    assert (moved.game_version, moved.new_version_since) == (2, 100)  # the new version's share counts from here
+    newer = dataclasses.replace(config, env=EnvConfig(game_version=2))
+    gym = TrainConfig(env=EnvConfig(name="gym:CartPole-v1"))
+    for cfg, changes, says in ((config, ["env.game_version=3"], "game versions"),
+                               (newer, ["env.game_version=1"], "older"), (newer, ["env.game_version=2"], "already"),
+                               (gym, ["env.game_version=2"], "this run trains gym")):
+        with pytest.raises(SurgeryError, match=says):
+            parse_changes(cfg, changes)
     with pytest.raises(ValueError, match="surgery widens"):
         surgery.widen_core(Policy(SPEC, config.model).state_dict(), config.model, 8, torch.Generator())
 

@@ -5,7 +5,9 @@ between the policy and its changed copy (``hpc_rl.model.surgery``).
 The observations are recorded by the scripted bot playing both sides, and replayed through both policies as the
 sequences they were (the LSTM's state carried from each game's first step). ``exact`` holds the changes that keep the
 function (goal ≤ 1e-5 in float32), ``approximate`` those that do not (LSTM widening: new weights at 1e-3 of the usual
-scale; a new action: noop's logit − 20, legal on every step here). A random-initialised policy of the MOBA's model
+scale; a new action: noop's logit − 20, legal on every step here). The move to game version 2 (``hpc_rl.surgery.
+upgrade_game``) is measured on the recorded version 1 games as version 2's layout shows them (the new attribute 0, heal
+illegal). A random-initialised policy of the MOBA's model
 (LSTM core, default sizes; the feed-forward core for its widening) is measured, and with ``--run`` the run's trained
 policy (latest good checkpoint) under ``trained``.
 
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from hpc_rl.envs.moba_config import MobaConfig
+from hpc_rl.envs.moba_v2 import A_HEAL
 from hpc_rl.launch import set_torch_threads
 from hpc_rl.model import surgery
 from hpc_rl.model.config import ModelConfig
@@ -101,6 +104,15 @@ def measure(policy: Policy, obs: dict, hero: torch.Tensor, starts: torch.Tensor,
     approximate[f"add_action (noop's logit {surgery.NEW_ACTION_OFFSET:g}, legal everywhere)"] = diff(
         surgery.add_action(params, False, True, generator), surgery.spec_with_action(spec, False, True),
         new_obs={**obs, "action_mask": torch.cat([obs["action_mask"], legal], dim=-1)})
+    if spec.num_actions == A_HEAL:  # a policy of game version 1: moved to version 2, on version 1's games
+        from hpc_rl.surgery import upgrade_game
+
+        heroes, mask = obs["entities/heroes"], obs["action_mask"]
+        new_params, _ = upgrade_game(params, spec, 1, 2, generator)
+        exact["game_version 1->2 (version 1 games)"] = diff(
+            new_params, surgery.spec_with_action(surgery.spec_with_feature(spec, "entities/heroes", 1), False, False),
+            new_obs={**obs, "entities/heroes": torch.cat([heroes, torch.zeros_like(heroes[..., :1])], dim=-1),
+                     "action_mask": torch.cat([mask, torch.zeros_like(mask[..., :1])], dim=-1)})
     return {"exact": exact, "approximate": approximate}
 
 

@@ -211,7 +211,7 @@ def render_run_replay(run_dir: str | Path, out: str | Path | None = None, oppone
     policy, config, version = load_policy(run_dir, version)
     if isinstance(rival, int):
         rival = load_policy(run_dir, rival)[0]
-    env = MobaEnv(config.env.moba, 1)
+    env = config.env.moba_env(config.env.moba, 1)  # the run's game version
     side = team_agents(env.spec, np.full(1, team))
     players = [(player_actor(policy, side, config, seed + 1, deterministic=False), side),
                (player_actor(rival, ~side, config, seed + 1, deterministic=False), ~side)]

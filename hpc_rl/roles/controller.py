@@ -170,6 +170,7 @@ class Controller:
         self.stop_sent = False
         self.stopped_envs = False
         self.warming_up = config.env.warming_up(self.version)  # env ranks play the curriculum's warm-up
+        self.steps_seen = (0, 0)  # env copy-steps, and those under game version 2's rules, at the last version
         self.last_metrics: dict[str, float] = {}  # the latest version's, as written to metrics.h5
         # or "preempted" (USR2: requeue), "cancelled" (TERM) or "time_limit" (pipeline.max_seconds)
         self.stop_reason = "finished"
@@ -248,10 +249,12 @@ class Controller:
 
     def _on_metrics(self, version: int, metrics: dict) -> None:
         self.version = version
-        if self.warming_up and not self.config.env.warming_up(version):
-            self.warming_up = False
+        ends_warmup = self.warming_up and not self.config.env.warming_up(version)
+        if ends_warmup or version <= self.config.env.share_moves_until():  # the env ranks' game changes with it
             for rank in self.topology.ranks(Role.ENV):
                 self.control.send(version, rank, TAG_STAGE)
+        if ends_warmup:
+            self.warming_up = False
             log.info("version %d: the warm-up is over, env ranks play the scripted bot on the %g-unit map", version,
                      self.config.env.moba.map_size)
         env = self._role_stats(Role.ENV)
@@ -271,15 +274,26 @@ class Controller:
                                  (M.SEGMENT_BYTES, "segment_bytes", inference),
                                  (M.SEGMENT_OBSERVATION_BYTES, "segment_observation_bytes", inference)):
             metrics[name] = float(sum(s.get(key, 0) for s in ranks))
-        totals = np.array([sum(s.get(k, 0) for s in env) for k in ("bot_games", "bot_wins", "games", "returns_sum")],
+        totals = np.array([sum(s.get(k, 0) for s in env) for k in ("bot_games", "bot_wins", "games", "returns_sum",
+                                                                    "new_bot_games", "new_bot_wins")],
                           dtype=np.float64)
         self.history.append(totals)
         # Rates over the last WIN_RATE_WINDOW versions' games: recent enough to follow learning, enough games to mean
         # something.
-        games, wins, episodes, returns = totals - self.history[0]
+        games, wins, episodes, returns, new_games, new_wins = totals - self.history[0]
         if games:
             metrics[M.WIN_RATE_VS_SCRIPTED] = wins / games
             metrics[M.GAMES_VS_SCRIPTED] = games
+        if self.config.env.game_version > 1:
+            new_steps = sum(s.get("new_version_steps", 0) for s in env)
+            last_steps, last_new = self.steps_seen
+            if steps > last_steps:
+                metrics[M.NEW_VERSION_SHARE] = (new_steps - last_new) / (steps - last_steps)
+            metrics[M.NEW_VERSION_SHARE_TARGET] = self.config.env.new_version_share_at(version)
+            self.steps_seen = (steps, new_steps)
+            if new_games:
+                metrics[M.WIN_RATE_VS_SCRIPTED_NEW_VERSION] = new_wins / new_games
+                metrics[M.GAMES_VS_SCRIPTED_NEW_VERSION] = new_games
         if episodes and returns:
             metrics[M.EPISODE_RETURN] = returns / episodes
         if self.pool is not None:

@@ -20,10 +20,16 @@ The MOBA curriculum (``env.warmup_*``): a run that starts before ``env.warmup_ve
 every copy's game is cut off (the step is sent as the end of a game, no winner, not counted) and new games start
 against the scripted bot on the run's map. Games against a warm-up bot other than the scripted one are not counted in
 the win rate against it.
+
+Game versions side by side (``env.game_version=2`` with a rising ``env.new_version_share``): each env rank's games
+start under version 2's rules at the share of the policy's version, which the controller sends with ``TAG_STAGE``
+each version while the share still changes; the rank counts the copy-steps played under version 2 (the share
+actually played) and its games against the scripted bot there.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -34,6 +40,8 @@ from hpc_rl.roles.common import patiently, seed_for
 from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.protocol import TAG_STAGE, TAG_STOP, reply_layout, request_layout
 from hpc_rl.transport import StepExchange
+
+log = logging.getLogger(__name__)
 
 
 class EnvWorker:
@@ -68,6 +76,9 @@ class EnvWorker:
         self.games = 0
         self.bot_games = 0
         self.bot_wins = 0  # games against the scripted bot won by the learning side
+        self.new_version_steps = 0  # copy-steps played under game version 2's rules (MOBA, env.game_version=2)
+        self.new_bot_games = 0  # ... and its games against the scripted bot, and those won by the learning side
+        self.new_bot_wins = 0
         self.returns_sum = 0.0  # sum of finished episodes' returns, where the env reports them (Gymnasium, PettingZoo)
         self.request_bytes = 0  # bytes of the step requests sent, and of the observations among them
         self.observation_bytes = 0
@@ -94,10 +105,12 @@ class EnvWorker:
         (the controller said stop). With the action offset, step with the previous action while the inference rank
         computes this one."""
         stop = self.link.receive(TAG_STOP) is not None
-        # Probed only during the warm-up: under MPI every probe enters the progress loop, which yields the core.
-        stage = self.link.receive(TAG_STAGE) if self.warming_up else None
+        # Probed only while the game changes with the version (the warm-up, a rising share of the new game version):
+        # under MPI every probe enters the progress loop, which yields the core.
+        listening = self.warming_up or self.version < self.config.env.share_moves_until()
+        stage = self.link.receive(TAG_STAGE) if listening else None
         if stage is not None:
-            self._end_warmup(int(stage))
+            self._on_stage(int(stage))
         message = {**self.obs, "events": self.events, "done": self.done, "winner": self.winner,
                    "game_time": (self.game_steps * self.config.env.step_seconds).astype(np.float32),
                    **self.infos, "stop": np.array([stop])}
@@ -119,6 +132,16 @@ class EnvWorker:
         name, moba = (env.bot_at(version), env.moba_at(version)) if self.warming_up else ("scripted", env.moba)
         self.counts_bot_games = name == "scripted"  # the win rate is the one against the scripted bot
         return make_bot(name, moba, seed=seed_for(self.config.seed, self.rank, version))
+
+    def _on_stage(self, version: int) -> None:
+        """The policy reached ``version``: the curriculum's next stage, and the new game version's share there."""
+        self.version = version
+        if self.warming_up and not self.config.env.warming_up(version):
+            self._end_warmup(version)
+        elif self.config.env.game_version > 1:
+            share = self.config.env.new_version_share_at(version)
+            self.env.set_new_version_share(share)
+            log.info("version %d: games start under game version 2 with probability %.3f", version, share)
 
     def _end_warmup(self, version: int) -> None:
         """The curriculum's next stage: the scripted bot on the run's map, new games in every copy (the warm-up's
@@ -147,6 +170,8 @@ class EnvWorker:
             bot = self.bot.act(self.obs)
             for head in actions:
                 actions[head][:self.scripted][self.bot_agents] = bot[head][:self.scripted][self.bot_agents]
+        # The game version of each copy's step, read before the step starts the next games of those that end.
+        new_version = self.env.new_version.copy() if self.config.env.game_version > 1 else None
         self.obs, self.events, self.done, infos = self.env.step(actions)
         if self.bot is not None:
             self.bot.reset(self.done)
@@ -157,18 +182,28 @@ class EnvWorker:
             if info.name not in infos:
                 raise KeyError(f"{self.config.env.name}: spec.step_infos declares {info.name!r}, step() did not report it")
             self.infos[f"info/{info.name}"] = infos[info.name]
-        self._count(self.done, self.winner)
+        self._count(self.done, self.winner, new_version)
         if "episode_return" in infos and self.done.any():
             self.returns_sum += float(np.asarray(infos["episode_return"])[self.done].sum())
         self.link.beat({"env_steps": self.steps, "games": self.games, "bot_games": self.bot_games,
                         "bot_wins": self.bot_wins, "returns_sum": self.returns_sum,
+                        "new_version_steps": self.new_version_steps, "new_bot_games": self.new_bot_games,
+                        "new_bot_wins": self.new_bot_wins,
                         "request_bytes": self.request_bytes, "observation_bytes": self.observation_bytes,
                         "seconds": time.monotonic() - self.started})
 
-    def _count(self, done: np.ndarray, winner: np.ndarray) -> None:
+    def _count(self, done: np.ndarray, winner: np.ndarray, new_version: np.ndarray | None = None) -> None:
+        """``new_version``: the copies whose step was played under game version 2's rules (None: no such game)."""
         self.steps += self.config.env.num_envs
         self.games += int(done.sum())
+        if new_version is not None:
+            self.new_version_steps += int(new_version.sum())
         if self.scripted and self.counts_bot_games:
             vs_bot = done[:self.scripted]
+            won = winner[:self.scripted] == self.learner_team
             self.bot_games += int(vs_bot.sum())
-            self.bot_wins += int((winner[:self.scripted][vs_bot] == self.learner_team[vs_bot]).sum())
+            self.bot_wins += int((won & vs_bot).sum())
+            if new_version is not None:
+                new = vs_bot & new_version[:self.scripted]
+                self.new_bot_games += int(new.sum())
+                self.new_bot_wins += int((won & new).sum())

@@ -29,6 +29,7 @@ TAG_POOL_RESULT = 18  # inference rank -> controller: [(past version, score of t
 TAG_EVALUATION = 19  # evaluator rank -> controller: one version's games against the reference agents
 TAG_HALT = 20  # learner 0 -> controller: the learners halted on non-finite losses (the message says why)
 TAG_STAGE = 21  # controller -> env ranks: the policy reached this version, which ends the curriculum's warm-up
+#                or sets the share of games under the new game version (env.new_version_share)
 
 
 def request_layout(spec: EnvSpec, num_envs: int, fp16: bool) -> ArrayLayout:
