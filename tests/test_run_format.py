@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from hpc_rl.league.tournament import read_ratings
 from hpc_rl.storage import MetricsWriter, open_run, read_metrics, read_pool, write_pool
 from hpc_rl.storage.hdf5 import HEADER_BYTES, FormatError
 from hpc_rl.storage.metrics import FORMAT as METRICS_FORMAT
@@ -22,6 +23,7 @@ from hpc_rl.storage.pool import FORMAT as POOL_FORMAT
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
 FIXTURE = ROOT / "tests" / "data" / "moba_run_2026_11"
+FIXTURE_B = ROOT / "tests" / "data" / "moba_run_2026_11b"  # pool.h5 format 2, ratings.json digested
 SCRIPTS = ("curves", "win_rate", "data_quality", "throughput")
 
 
@@ -107,6 +109,34 @@ def test_the_kept_run_reads_with_todays_readers():
     assert version == 4 and config.config_hash(written) == ckpt.config_hash != config.config_hash()
     total = sum(float(p.detach().double().sum()) for p in policy.state_dict().values())
     assert total == pytest.approx(32.87684948579408, rel=1e-6)  # every parameter of the checkpoint, loaded
+
+
+def test_the_kept_run_of_digested_pool_and_ratings_reads_with_todays_readers():
+    """tests/data/moba_run_2026_11b: pool.h5 format 2 and ratings.json with their digests, checkpoint format 2,
+    metrics.h5 format 2 with checksummed names (docs/FORMAT.md); written by the same command as the fixture above."""
+    run = open_run(FIXTURE_B)
+    assert run.config["model"]["lstm_size"] == 16 and run.meta["world_size"] == 7
+    assert run.status["state"] == run.summary["state"] == "finished" and run.summary["version"] == 4
+    metrics = run.metrics
+    assert len(metrics) == 65 and sum(len(s) for s in metrics.values()) == 230
+    loss = metrics["train/policy_loss"]
+    assert loss["version"].tolist() == [1, 2, 3, 4] and loss["step"].tolist() == [134, 134, 512, 626]
+    np.testing.assert_allclose(loss["value"], [0.0019425693899393082, -0.23058956488966942, -0.014777839183807373,
+                                               -0.14901101775467396])
+    assert metrics["eval/games_vs_scripted"]["value"].tolist() == [4.0, 6.0]
+    assert (FIXTURE_B / "pool.h5").read_bytes().startswith(b"hpc_rl pool.h5 2\n")
+    assert run.pool == {"version": [4], "quality": [0.0], "eta": 0.01, "latest_fraction": 0.8}
+    records = read_ratings(FIXTURE_B / "ratings.json")
+    assert "blake2b-256" in json.loads((FIXTURE_B / "ratings.json").read_text()) and records
+    ckpt = run.load_checkpoint()
+    assert (ckpt.version, ckpt.config_hash, ckpt.content_hash) == (
+        4, "9e018596a4b1985b3affaf98dc3b309deb4ea76a1fb3827360292b839facd560",
+        "0c6e9119112d4e2893b426f0a1818f22f4dd08771fa55accd989806ae2e47f8f")
+    from hpc_rl.evaluation import load_policy
+
+    policy, config, version = load_policy(FIXTURE_B)
+    total = sum(float(p.detach().double().sum()) for p in policy.state_dict().values())
+    assert version == 4 and total == pytest.approx(32.94115515115118, rel=1e-6)
 
 
 def test_pandas_tables_of_the_kept_run():
