@@ -406,13 +406,12 @@ def _step_copy(e, ai, xp, gi, tiles, regrow, dep, seen, rng, ring, P, act, mov, 
     gi[e, GTICK] = t + 1
 
 
-# Without numba's reference counting (NRT), as moba's step kernel: with it, every slice of an agent's rows counted
-# itself in and out, which cost more than the crop. Nothing here slices or allocates: the scratch space comes in.
+# Without numba's reference counting (NRT), as moba's step kernel: with it, every view of an agent's rows counts
+# itself in and out; without it a view costs nothing. Nothing here allocates: the scratch space comes in.
 @njit(cache=True, _nrt=False)
 def _observe_all(ai, gi, tiles, seen, head, nxt, stamp, rank, P, glob, ent, ent_mask, action_mask, move_mask,
                  target_mask, found, found_rank, found_dy, found_dx):
     E, A = ai.shape[0], ai.shape[1]
-    G, F = glob.shape[2], ent.shape[3]
     S = tiles.shape[1]
     K = ent.shape[2]
     V = int(P[P_VISION])
@@ -434,11 +433,10 @@ def _observe_all(ai, gi, tiles, seen, head, nxt, stamp, rank, P, glob, ent, ent_
                 nxt[e, a] = head[e, y, x]
                 head[e, y, x] = a
         for a in range(A):
-            for i in range(G):
-                glob[e, a, i] = 0.0
+            g = glob[e, a]
+            g[:] = 0.0
+            ent[e, a] = 0.0
             for k in range(K):
-                for i in range(F):
-                    ent[e, a, k, i] = 0.0
                 ent_mask[e, a, k] = False
                 target_mask[e, a, k] = False
                 seen[e, a, k] = -1
@@ -449,28 +447,31 @@ def _observe_all(ai, gi, tiles, seen, head, nxt, stamp, rank, P, glob, ent, ent_
             if ai[e, a, IALIVE] == 0:
                 continue
             y, x = ai[e, a, IY], ai[e, a, IX]
-            # The crop, row-major; the other agents on its tiles are collected with their rank.
+            # The crop, row-major (through row views, which spare three index computations per access); the other
+            # agents on its tiles are collected with their rank.
             nf = 0
             for i in range(side):
                 ty = y - V + i
                 row_base = SELF_FEATURES + i * side * CROP_CHANNELS
                 if ty < 0 or ty >= S:
                     for j in range(side):
-                        glob[e, a, row_base + j * CROP_CHANNELS] = 1.0  # beyond the map: lava
+                        g[row_base + j * CROP_CHANNELS] = 1.0  # beyond the map: lava
                     continue
+                tile_row = tiles[e, ty]
+                stamp_row = stamp[e, ty]
                 for j in range(side):
                     tx = x - V + j
                     base = row_base + j * CROP_CHANNELS
                     if tx < 0 or tx >= S:
-                        glob[e, a, base] = 1.0
+                        g[base] = 1.0
                         continue
-                    m = tiles[e, ty, tx]
-                    glob[e, a, base + _CROP_CHANNEL[m]] = _CROP_VALUE[m]
-                    if stamp[e, ty, tx] == now:
+                    m = tile_row[tx]
+                    g[base + _CROP_CHANNEL[m]] = _CROP_VALUE[m]
+                    if stamp_row[tx] == now:
                         o = head[e, ty, tx]
                         while o >= 0:
                             if o != a:
-                                glob[e, a, base + CROP_CHANNELS - 1] += 1.0
+                                g[base + CROP_CHANNELS - 1] += 1.0
                                 found[nf] = o
                                 found_rank[nf] = rank[i * side + j]
                                 found_dy[nf] = i - V
