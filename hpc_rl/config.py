@@ -29,6 +29,8 @@ from hpc_rl.algo.rewards import RewardConfig
 from hpc_rl.algo.schedules import KINDS, Schedule, constant
 from hpc_rl.envs.api import VecEnv
 from hpc_rl.envs.moba_config import REWARD_EVENTS, MobaConfig
+from hpc_rl.envs.nmmo_config import REWARD_EVENTS as NMMO_REWARD_EVENTS
+from hpc_rl.envs.nmmo_config import NmmoConfig
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.algo.config import PPOConfig
 from hpc_rl.topology import TopologyConfig
@@ -45,12 +47,15 @@ GAME_VERSIONS = (1, 2)  # the MOBA's game versions: hpc_rl.envs.moba, and hpc_rl
 class EnvConfig:
     """Which environment every env rank simulates, and how many copies of it."""
 
-    # "moba" (the embedded MOBA, settings in ``moba``), "gym:<Gymnasium id>" (gym:CartPole-v1) or
-    # "pettingzoo:<module>", a PettingZoo parallel environment's module (pettingzoo:mpe2.simple_spread_v3): every
-    # agent of every copy is played and trained by the one policy (hpc_rl.envs.pettingzoo_adapter)
+    # "moba" (the embedded MOBA, settings in ``moba``), "nmmo" (the embedded Neural MMO world, settings in ``nmmo``:
+    # env ranks can step it; training does not read its per-agent episodes yet), "gym:<Gymnasium id>"
+    # (gym:CartPole-v1) or "pettingzoo:<module>", a PettingZoo parallel environment's module
+    # (pettingzoo:mpe2.simple_spread_v3): every agent of every copy is played and trained by the one policy
+    # (hpc_rl.envs.pettingzoo_adapter)
     name: str = "moba"
     num_envs: int = 8  # environment copies per env rank, stepped together
     moba: MobaConfig = field(default_factory=MobaConfig)
+    nmmo: NmmoConfig = field(default_factory=NmmoConfig)
     vs_scripted_fraction: float = 0.25  # MOBA: share of copies where the frozen scripted bot plays one side (win rate)
     step_seconds: float = 1.0 / 7.5  # game seconds per step (reward decay over game time)
     # MOBA curriculum: until the policy reaches ``warmup_versions``, the copies where the bot plays face
@@ -75,8 +80,9 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         kind, _, what = self.name.partition(":")
-        if self.name != "moba" and not (kind in ("gym", "pettingzoo") and what):
-            raise ValueError(f"env.name must be 'moba', 'gym:<id>' or 'pettingzoo:<module>', got {self.name!r}")
+        if self.name not in ("moba", "nmmo") and not (kind in ("gym", "pettingzoo") and what):
+            raise ValueError(f"env.name must be 'moba', 'nmmo', 'gym:<id>' or 'pettingzoo:<module>', got "
+                             f"{self.name!r}")
         if self.is_pettingzoo:
             self._pettingzoo_maker()  # a module that is missing or not a parallel env fails here, before any rank
         if self.num_envs < 1:
@@ -110,6 +116,10 @@ class EnvConfig:
         return self.name == "moba"
 
     @property
+    def is_nmmo(self) -> bool:
+        return self.name == "nmmo"
+
+    @property
     def is_pettingzoo(self) -> bool:
         return self.name.startswith("pettingzoo:")
 
@@ -123,10 +133,12 @@ class EnvConfig:
 
     @property
     def agents_per_copy(self) -> int:
-        """Agents in one copy: both teams' heroes in MOBA, the one agent of a Gymnasium env (``GymVecEnv``), a
-        PettingZoo env's possible agents."""
+        """Agents in one copy: both teams' heroes in MOBA, the agent slots of a Neural MMO world, the one agent of a
+        Gymnasium env (``GymVecEnv``), a PettingZoo env's possible agents."""
         if self.is_moba:
             return self.moba.spec().num_agents
+        if self.is_nmmo:
+            return self.nmmo.num_agents
         return self.make(num_envs=1).spec.num_agents if self.is_pettingzoo else 1
 
     def scripted_copies(self) -> int:
@@ -185,6 +197,10 @@ class EnvConfig:
             from hpc_rl.envs.teacher import TeacherLabels
 
             return TeacherLabels(env, make_bot(self.teacher, moba, seed=first_copy))
+        if self.is_nmmo:
+            from hpc_rl.envs.nmmo import NmmoEnv
+
+            return NmmoEnv(self.nmmo, n, first_copy=first_copy)
         if self.is_pettingzoo:
             from hpc_rl.envs.pettingzoo_adapter import PettingZooVecEnv
 
@@ -194,11 +210,14 @@ class EnvConfig:
         return GymVecEnv(self.name[4:], n)
 
     def reward_config(self) -> RewardConfig:
-        """MOBA: Honor of Kings table 6 weights, decayed over game time except win/loss; Gymnasium and PettingZoo:
-        the reward."""
+        """MOBA: Honor of Kings table 6 weights, decayed over game time except win/loss; Neural MMO: its weights
+        (−1 at death), undecayed, and not zero-sum (one population); Gymnasium and PettingZoo: the reward."""
         if self.is_moba:
             return RewardConfig(weights=tuple(float(self.moba.reward_weights[k]) for k in REWARD_EVENTS),
                                 decayed=tuple(k not in UNDECAYED_EVENTS for k in REWARD_EVENTS))
+        if self.is_nmmo:
+            return RewardConfig(weights=tuple(float(self.nmmo.reward_weights[k]) for k in NMMO_REWARD_EVENTS),
+                                decayed=(False,) * len(NMMO_REWARD_EVENTS), decay_period_s=None, zero_sum=False)
         return RewardConfig(weights=(1.0,), decayed=(False,), decay_period_s=None)
 
 
@@ -351,6 +370,11 @@ class TrainConfig:
             raise ValueError(f"run_name must be a non-empty name without '/', got {self.run_name!r}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.env.is_nmmo:
+            # Env ranks and learners end episodes per copy (dones); a Neural MMO agent's ends at its death
+            # (infos["agent_done"]) while its world goes on, which they do not read yet.
+            raise ValueError("env.name=nmmo can not be trained yet: the pipeline ends episodes per copy, and a Neural "
+                             "MMO agent's episode ends at its death while its world goes on")
         if self.topology.evaluator and not self.env.is_moba:
             raise ValueError(f"topology.evaluator must be 0 for env.name={self.env.name}: evaluator ranks rate MOBA "
                              "policies against the reference bots; rate a Gymnasium run's greedy return offline with "

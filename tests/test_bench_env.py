@@ -9,8 +9,10 @@ import pytest
 from hpc_rl.bench import env as bench
 from hpc_rl.envs.moba import MobaConfig, MobaEnv
 from hpc_rl.envs.moba_config import EV_HP, EV_TOWER_HP
+from hpc_rl.envs.nmmo_config import NmmoConfig
 
-ARGS = dict(copies_1v1=2, copies_5v5=2, games=5, replay_every=4, replay_window=10, warmup=0, seed=0)
+ARGS = dict(copies_1v1=2, copies_5v5=2, games=5, replay_every=4, replay_window=10, warmup=0, seed=0, nmmo_copies=1,
+            nmmo_steps=5)
 
 
 def test_env_bench_plays_whole_games_with_fighting():
@@ -50,8 +52,23 @@ def test_combat_is_read_from_every_unit_not_only_the_reward_events():
     assert sum(hit[first:]) >= 10  # the creeps go on fighting (every unit strikes once per 7-9 steps)
 
 
+def test_nmmo_bench_keeps_a_full_world_and_compares_the_papers_drain():
+    config = NmmoConfig(num_agents=24, map_size=24, border=2, drain=0)
+    r = bench.measure_nmmo(config, 2, steps=20, seed=0)
+    assert r["agents_per_env"] == 24 and r["num_envs"] == 2 and r["drain"] == 0 and r["steps"] == 20
+    for key in ("agent_steps_per_s", "agent_steps_per_cpu_s", "live_agent_steps_per_s", "env_seconds_per_step"):
+        assert r[key] > 0, key
+    assert r["live_agent_steps_per_s"] == pytest.approx(r["mean_alive"] * r["agent_steps_per_s"])
+    assert r["mean_alive"] > 0.8  # no starvation: the population stays near its cap
+    paper = r["paper_drain"]
+    assert 0 < paper["mean_alive"] < r["mean_alive"] and paper["deaths_per_tick"] > r["deaths_per_tick"]
+    assert len(r["load_average"]) == 2
+    assert [name for name, _, _ in bench.nmmo_worlds(8)] == ["nmmo_128", "nmmo_1024"]
+
+
 @pytest.mark.parametrize("field, value", [("copies_1v1", 0), ("copies_5v5", -1), ("games", 0), ("replay_every", 0),
-                                          ("replay_window", 0), ("warmup", -1), ("seed", -1)])
+                                          ("replay_window", 0), ("warmup", -1), ("seed", -1), ("nmmo_copies", 0),
+                                          ("nmmo_steps", 0)])
 def test_env_bench_rejects_bad_options(field, value):
     with pytest.raises(ValueError, match=field.replace("_", "-")):
         bench.run(Namespace(**{**ARGS, field: value}))

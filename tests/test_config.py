@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from hpc_rl.algo.schedules import Schedule, constant
 from hpc_rl.config import SCHEDULE_KEYS, EnvConfig, TrainConfig, build_config, register
+from hpc_rl.envs.nmmo_config import NmmoConfig
 from hpc_rl.launch import mpirun_command, rank_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +45,9 @@ def test_a_gymnasium_env_on_the_default_job_gets_the_default_learning_settings()
 
 
 @pytest.mark.parametrize("override, message", [
-    ("env.name=starcraft", "env.name must be 'moba', 'gym:<id>' or 'pettingzoo:<module>', got 'starcraft'"),
+    ("env.name=starcraft", "env.name must be 'moba', 'nmmo', 'gym:<id>' or 'pettingzoo:<module>', got 'starcraft'"),
+    ("env.name=nmmo", "env.name=nmmo can not be trained yet: the pipeline ends episodes per copy"),
+    ("env.nmmo.border=0", "nmmo.border must be >= 1, got 0"),
     ("env.name=pettingzoo:no_such_env_v1", "env.name=pettingzoo:no_such_env_v1: PettingZoo module 'no_such_env_v1' "
                                            "does not import: No module named 'no_such_env_v1'"),
     # PettingZoo's stub of its former MPE says where it went.
@@ -199,3 +202,13 @@ def test_curriculum_stage_of_a_version():
         EnvConfig(warmup_versions=-1)
     with pytest.raises(ValueError, match="warmup_opponent"):
         EnvConfig(warmup_opponent="league")
+
+
+def test_env_ranks_can_step_the_neural_mmo_world():
+    env_config = EnvConfig(name="nmmo", num_envs=2, nmmo=NmmoConfig(num_agents=8, map_size=24, border=2))
+    assert env_config.is_nmmo and not env_config.is_moba and env_config.agents_per_copy == 8
+    env = env_config.make(first_copy=4)
+    assert env.num_envs == 2 and env.first_copy == 4 and env.spec.num_agents == 8
+    env.spec.check_obs(env.reset(0), 2)
+    rewards = env_config.reward_config()
+    assert rewards.weights == (-1.0, 0.0) and rewards.decay_period_s is None and not rewards.zero_sum

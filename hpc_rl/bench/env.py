@@ -1,4 +1,5 @@
-"""Speed of the embedded ``moba`` environment on one core, in whole games: 1v1 and 5v5.
+"""Speed of the embedded environments on one core: ``moba`` in whole games (1v1 and 5v5), and ``nmmo`` worlds of 128
+and 1,024 agents (``nmmo_128``, ``nmmo_1024``, below).
 
 ``python -m hpc_rl.bench env --json``. The scripted bot plays random legal actions (team 0 in even copies, team 1 in
 odd ones: ``"scripted_team": "copy % 2"``), each choosing every step from the current observation and its masks, as
@@ -25,6 +26,18 @@ interleaved with the whole games (one every ``--replay-every`` steps) so that bo
 machine; it reports its own ``combat_step_share`` (creep waves meet from step ~100 on) and ``episodes_finished`` (0),
 and ``full_games_vs_replay`` divides the two agent-step rates.
 
+``nmmo_<agents>``: copies of a Neural MMO world (``hpc_rl.envs.nmmo``) stepped by the forager bot
+(``hpc_rl.envs.nmmo_bots``, attacking on 2% of its ticks), ``--nmmo-steps`` timed ticks after untimed ones that let
+the population reach the cap (the cap + 100 ticks). The worlds drain no food or water (``drain`` 0): with the paper's
+drain the forager's agents starve within ~30 ticks, so that a world holds about as many agents as it spawns in a
+lifetime (~20% of 128 slots, ~5% of 1,024), and the measure would be one of empty slots. ``paper_drain`` beside it
+is the same world with the paper's drain, for comparison. ``env.step`` (rules, observations and masks) is timed by
+the wall clock (``agent_steps_per_s``: agent slots × ticks per second, the rows a learner gets) and by the thread's
+CPU time (``agent_steps_per_cpu_s``: what one core does, whatever else runs on it); ``live_agent_steps_per_s``
+counts the living agents only, ``mean_alive`` their share of the slots, ``deaths_per_tick`` one copy's. 128 agents
+on the default 80-tile map, 8 copies; 1,024 on a 160-tile map (144 x 144 inside the lava), one copy.
+``load_average`` is the machine's one-minute load before and after.
+
 Defaults: 256 copies in 1v1 (as the replay measured before) and 16 in 5v5, 5 games per copy, a replay step every 4th
 step. Games last ~2,600 steps in 1v1 and ~1,800 in 5v5, and the copy with the longest games sets the run's length
 (~23,000 steps in 1v1, ~12,500 in 5v5): about 60-65 CPU-seconds in all, 1-2 minutes on a core shared with other work
@@ -39,16 +52,21 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ[_var] = "1"  # one core, before numpy and numba start their pools
 
+import dataclasses  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from hpc_rl.envs.moba import GT, HHURT, IALIVE, UHP, MobaConfig, MobaEnv  # noqa: E402
 from hpc_rl.envs.moba_config import EV_HP, EV_TOWER_HP  # noqa: E402
+from hpc_rl.envs.nmmo import NmmoEnv  # noqa: E402
+from hpc_rl.envs.nmmo_bots import Forager  # noqa: E402
+from hpc_rl.envs.nmmo_config import NmmoConfig  # noqa: E402
 from hpc_rl.envs.scripted import RandomBot, ScriptedBot, warm_up  # noqa: E402
 from hpc_rl.play import team_agents  # noqa: E402
 
 REPLAYED_ACTIONS = 64  # steps of a game's beginning that the early-game replay loops over
+NMMO_AGGRESSION = 0.02  # the forager's chance to attack per tick: combat without emptying the world
 
 
 def add_arguments(parser) -> None:
@@ -59,6 +77,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--replay-window", type=int, default=1000, help="timed replay steps before its copies restart")
     parser.add_argument("--warmup", type=int, default=100, help="untimed replay steps before each window")
     parser.add_argument("--seed", type=int, default=0, help="seed of the games and the random bot")
+    parser.add_argument("--nmmo-copies", type=int, default=8, help="copies of the 128-agent Neural MMO world")
+    parser.add_argument("--nmmo-steps", type=int, default=300, help="timed ticks of each Neural MMO world")
 
 
 def non_hero_state(env: MobaEnv) -> tuple[np.ndarray, np.ndarray]:
@@ -188,8 +208,52 @@ def measure(config: MobaConfig, num_envs: int, games: int, replay_every: int, re
             "early_game_replay": early, "full_games_vs_replay": full["agent_steps_per_s"] / early["agent_steps_per_s"]}
 
 
+def nmmo_worlds(copies_128: int) -> tuple[tuple[str, NmmoConfig, int], ...]:
+    """(entry, world, copies) of the Neural MMO measures."""
+    return (("nmmo_128", NmmoConfig(drain=0), copies_128),
+            ("nmmo_1024", NmmoConfig(num_agents=1024, map_size=160, drain=0), 1))
+
+
+def step_nmmo(config: NmmoConfig, num_envs: int, steps: int, seed: int) -> dict:
+    """The forager in ``num_envs`` copies: the cap + 100 untimed ticks, then ``steps`` timed ones."""
+    env = NmmoEnv(config, num_envs)
+    bot = Forager(config, seed, aggression=NMMO_AGGRESSION)
+    obs = env.reset(seed)
+    for _ in range(config.num_agents + 100):
+        obs = env.step(bot.act(obs))[0]
+    wall = cpu = bot_seconds = 0.0
+    alive = deaths = 0
+    for _ in range(steps):
+        start = time.perf_counter()
+        actions = bot.act(obs)
+        bot_seconds += time.perf_counter() - start
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        obs, _, _, infos = env.step(actions)
+        cpu += time.thread_time() - start_cpu
+        wall += time.perf_counter() - start
+        alive += int(env.alive.sum())
+        deaths += int(infos["agent_done"].sum())
+    slots = steps * num_envs * config.num_agents
+    return {"agent_steps_per_s": slots / wall, "agent_steps_per_cpu_s": slots / cpu,
+            "live_agent_steps_per_s": alive / wall, "mean_alive": alive / slots,
+            "deaths_per_tick": deaths / (steps * num_envs), "env_seconds_per_step": wall / steps,
+            "bot_seconds_per_step": bot_seconds / steps, "steps": steps}
+
+
+def measure_nmmo(config: NmmoConfig, num_envs: int, steps: int, seed: int) -> dict:
+    """A world without drain (the population at its cap) and, as ``paper_drain``, with the paper's."""
+    load = os.getloadavg()[0]
+    full = step_nmmo(config, num_envs, steps, seed)
+    paper = step_nmmo(dataclasses.replace(config, drain=NmmoConfig().drain), num_envs, steps, seed)
+    return {**full, "num_envs": num_envs, "agents_per_env": config.num_agents, "map_size": config.map_size,
+            "drain": config.drain, "bot": f"forager, aggression {NMMO_AGGRESSION}",
+            "paper_drain": {k: paper[k] for k in ("agent_steps_per_s", "agent_steps_per_cpu_s",
+                                                  "live_agent_steps_per_s", "mean_alive", "deaths_per_tick")},
+            "load_average": [load, os.getloadavg()[0]]}
+
+
 def check_arguments(args) -> None:
-    for name in ("copies_1v1", "copies_5v5", "games", "replay_every", "replay_window"):
+    for name in ("copies_1v1", "copies_5v5", "games", "replay_every", "replay_window", "nmmo_copies", "nmmo_steps"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
@@ -201,6 +265,11 @@ def check_arguments(args) -> None:
 def run(args) -> dict:
     check_arguments(args)
     warm_up()  # compiled (or loaded from numba's cache) before any timing
-    return {name: measure(config, copies, args.games, args.replay_every, args.replay_window, args.warmup, args.seed)
-            for name, config, copies in (("1v1", MobaConfig(), args.copies_1v1),
-                                         ("5v5", MobaConfig.five_v_five(), args.copies_5v5))}
+    result = {name: measure(config, copies, args.games, args.replay_every, args.replay_window, args.warmup,
+                            args.seed)
+              for name, config, copies in (("1v1", MobaConfig(), args.copies_1v1),
+                                           ("5v5", MobaConfig.five_v_five(), args.copies_5v5))}
+    NmmoEnv(NmmoConfig(num_agents=2, map_size=16, border=2), 1).reset(0)  # compiled before any timing
+    for name, config, copies in nmmo_worlds(args.nmmo_copies):
+        result[name] = measure_nmmo(config, copies, args.nmmo_steps, args.seed)
+    return result
