@@ -248,8 +248,9 @@ class PipelineConfig:
     keep_last: int = 3  # checkpoints kept: the last K ...
     keep_every: int = 50  # ... plus every M-th version
     allreduce: str = "horovod"  # learner gradient/statistics allreduce: "horovod" or "mpi" (mpi4py Allreduce)
-    # Where the inference and learner ranks run their networks: "auto" (the rank's GPU, cuda:<local rank mod GPUs>,
-    # where it sees one, else the CPU), "cpu", "cuda" or "cuda:N". Env ranks and the controller never use a GPU.
+    # Where the inference and learner ranks run their networks: "auto" (the rank's GPU where it sees one, else the
+    # CPU: cuda:<its place among the inference and learner ranks of its node mod GPUs>, hpc_rl.topology.gpu_slots),
+    # "cpu", "cuda" or "cuda:N". Env ranks and the controller never use a GPU.
     inference_device: str = "auto"
     learner_device: str = "auto"
     heartbeat_s: float = 1.0  # every rank reports to the controller this often

@@ -35,8 +35,8 @@ if TYPE_CHECKING:  # importing storage loads h5py: jobs/train.py imports this mo
 # Exit statuses of a job refused before it trained (jobs/train.py, hpc_rl/roles/run.py): the same job would be
 # refused again, so it is never requeued. Any other non-zero status is a failure.
 EXIT_BAD_CONFIG = 2  # the command line's config is invalid
-EXIT_REFUSED = 3  # the run is locked by another job, its checkpoint does not fit, --ntasks is wrong, or Slurm
-#                   refused a preemption's requeue
+EXIT_REFUSED = 3  # the run is locked by another job, its checkpoint does not fit, --ntasks (or a heterogeneous
+#                   job's component sizes) is wrong, or Slurm refused a preemption's requeue
 
 # The states a controller writes when the run ended by its own decision (``Controller.finish``, ``_on_halt``, the
 # refused requeue): not a failure.

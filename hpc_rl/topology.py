@@ -2,13 +2,16 @@
 
 Ranks are assigned in role order: rank 0 is the controller, then the env ranks, the inference ranks, the learner
 ranks and the evaluator ranks. Every env rank is served by one inference rank (env ranks are spread evenly over
-inference ranks), and learners form their own sub-communicator for Horovod. On a cluster, order the node list so
-that env ranks land on CPU nodes and inference/learner ranks on GPU nodes; nothing here assumes one node.
+inference ranks), and learners form their own sub-communicator for Horovod. Nothing here assumes one node. On a
+cluster, a Slurm heterogeneous job (slurm/train_het.sbatch) numbers its ranks component by component, so with the
+controller and env ranks in its first component (CPU nodes) and the inference and learner ranks in the next (GPU
+nodes) every role lands on its kind of node; ``check_components`` refuses components that mix the two.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -103,10 +106,55 @@ class Topology:
         return [r for i, r in enumerate(env_ranks) if self.inference_for_env(i) == inference_rank]
 
 
-def local_rank() -> int:
-    """This rank's index on its node, from the launcher's environment (Open MPI, Slurm, or 0)."""
-    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
+GPU_ROLES = (Role.INFERENCE, Role.LEARNER)  # the roles that run the policy on a GPU where their node has one
 
+
+def gpu_slots(topology: Topology, rank_hosts: list[str]) -> dict[int, int]:
+    """Each inference and learner rank's place among the inference and learner ranks of its host, in rank order
+    (``rank_hosts[r]``: rank r's host). Its GPU is ``cuda:<slot mod the host's GPUs>``, so a host's first GPU rank
+    takes GPU 0 whatever else runs there. From the hosts, which every MPI reports, rather than a local rank from the
+    launcher's environment: no variable to know per launcher, and none missing that would put every rank on GPU 0."""
+    if len(rank_hosts) != len(topology.placements):
+        raise ValueError(f"{len(rank_hosts)} hosts given for the topology's {len(topology.placements)} ranks")
+    seen: dict[str, int] = {}
+    slots = {}
+    for p in topology.placements:
+        if p.role in GPU_ROLES:
+            host = rank_hosts[p.rank]
+            slots[p.rank] = seen.get(host, 0)
+            seen[host] = slots[p.rank] + 1
+    return slots
+
+
+class PlacementError(ValueError):
+    """The job's node groups do not match the topology's roles."""
+
+
+def het_components(environ: Mapping[str, str] = os.environ) -> list[int] | None:
+    """The number of ranks in each component of the Slurm heterogeneous job this rank belongs to, in order; None
+    outside one."""
+    if "SLURM_HET_SIZE" not in environ:
+        return None
+    return [int(environ[f"SLURM_NTASKS_HET_GROUP_{i}"]) for i in range(int(environ["SLURM_HET_SIZE"]))]
+
+
+def check_components(topology: Topology, sizes: list[int]) -> None:
+    """A heterogeneous job's components are its kinds of nodes: one must not hold both env ranks (CPU work) and
+    inference or learner ranks (GPU work), or some rank runs on the other kind's nodes. The components' ranks are
+    numbered in order (srun --het-group), as the topology numbers its roles; ``sizes`` sum to its world size
+    (``Topology.check`` first)."""
+    start = 0
+    for i, size in enumerate(sizes):
+        ranks = range(start, start + size)
+        roles = {topology.placement(r).role for r in ranks}
+        if Role.ENV in roles and roles & set(GPU_ROLES):
+            c = topology.config
+            rest = c.inference + c.learner + c.evaluator
+            evaluators = f" + {c.evaluator} evaluator" if c.evaluator else ""
+            raise PlacementError(
+                f"heterogeneous job component {i} (ranks {ranks.start}-{ranks.stop - 1}) holds env ranks and "
+                f"inference/learner ranks: its components of {sizes} tasks must split the topology's roles, "
+                f"1 controller + {c.env} env = {1 + c.env} tasks, then {c.inference} inference + {c.learner} "
+                f"learner{evaluators} = {rest} (sbatch --ntasks={1 + c.env} : --ntasks={rest} "
+                f"slurm/train_het.sbatch ...)")
+        start += size

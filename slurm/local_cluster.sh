@@ -179,6 +179,8 @@ mh_write_files() {
   { echo "127.0.0.1 localhost"; echo "$MH_SUBNET.254 $HOST"
     for i in $(seq 1 "$n"); do echo "$MH_SUBNET.$i mh$i"; mkdir -p "$MH_STATE/spool/mh$i" "$MH_STATE/nodes/mh$i/tmp"; done
   } > "$MH_STATE/hosts"
+  # Only the backfill scheduler starts heterogeneous jobs (slurm/train_het.sbatch), every bf_interval seconds (30 by
+  # default): at 1 s such a job, and its requeued restart, start as soon as the hosts are free.
   cat > "$MH_CONF" <<EOF
 $MARK (multi-host mode, $n hosts)
 ClusterName=hpcrlmh
@@ -193,6 +195,7 @@ SlurmdPidFile=$MH_STATE/run/slurmd.%n.pid
 SlurmctldLogFile=$MH_STATE/log/slurmctld.log
 SlurmdLogFile=$MH_STATE/log/slurmd.%n.log
 KillWait=5
+SchedulerParameters=bf_interval=1
 NodeName=DEFAULT CPUs=$MH_HOST_CPUS RealMemory=1000 State=UNKNOWN
 EOF
   for i in $(seq 1 "$n"); do echo "NodeName=mh$i NodeAddr=$MH_SUBNET.$i NodeHostname=mh$i" >> "$MH_CONF"; done

@@ -6,16 +6,16 @@ import numpy as np
 import torch
 
 
-def select_device(prefer: str = "auto", local_rank: int = 0) -> torch.device:
+def select_device(prefer: str = "auto", gpu_slot: int = 0) -> torch.device:
     """``auto``: the rank's GPU where CUDA is available, else ``cpu``; ``cuda``: the rank's GPU, or an error without
-    one; ``cpu`` or ``cuda:N``: that device. The rank's GPU is ``cuda:<local_rank mod #GPUs>``, so the ranks of a
-    node spread over its GPUs."""
+    one; ``cpu`` or ``cuda:N``: that device. The rank's GPU is ``cuda:<gpu_slot mod #GPUs>``, ``gpu_slot`` being its
+    place among the GPU-using ranks of its node (``hpc_rl.topology.gpu_slots``), so they spread over its GPUs."""
     if prefer == "auto" and not torch.cuda.is_available():
         return torch.device("cpu")
     if prefer.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {prefer!r} requested but CUDA is not available")
     if prefer in ("auto", "cuda"):
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device("cuda", gpu_slot % torch.cuda.device_count())
     return torch.device(prefer)
 
 

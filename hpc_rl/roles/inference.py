@@ -38,7 +38,6 @@ from hpc_rl.roles.protocol import TAG_POOL, TAG_POOL_RESULT, decode_parameters, 
 from hpc_rl.storage import load_checkpoint
 from hpc_rl.storage.layout import RunLayout
 from hpc_rl.storage.checkpoint import checkpoint_name
-from hpc_rl.topology import local_rank
 from hpc_rl.transport import ExperienceRing, ParameterChannel, StepExchange
 from hpc_rl.transport.wait import Waiter
 
@@ -75,12 +74,12 @@ class PastPolicies:
 
 class InferenceWorker:
     def __init__(self, config: TrainConfig, spec: EnvSpec, env_ranks: list[int], exchange: StepExchange,
-                 rings: list[ExperienceRing], params: ParameterChannel, link: ControlLink):
+                 rings: list[ExperienceRing], params: ParameterChannel, link: ControlLink, gpu_slot: int = 0):
         self.config = config
         self.env_ranks = env_ranks
         self.exchange, self.rings, self.params, self.link = exchange, rings, params, link
         self.spec = spec
-        self.device = select_device(config.pipeline.inference_device, local_rank())
+        self.device = select_device(config.pipeline.inference_device, gpu_slot)
         self.policy = Policy(self.spec, config.model).to(self.device)
         self.policy.eval()
         self.version = -1

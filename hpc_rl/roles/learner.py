@@ -33,7 +33,6 @@ from hpc_rl.roles.allreduce import Allreduce
 from hpc_rl.roles.common import Backoff
 from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.protocol import TAG_CHECKPOINT, TAG_DONE, TAG_HALT, TAG_METRICS, TAG_STOP, encode_parameters
-from hpc_rl.topology import local_rank
 from hpc_rl.transport import ExperienceRing, ParameterChannel
 
 log = logging.getLogger(__name__)
@@ -127,15 +126,15 @@ def may_update(control: dict[str, float], epochs: int, target_reuse: float) -> b
 
 class LearnerWorker:
     def __init__(self, config: TrainConfig, spec: EnvSpec, allreduce: Allreduce, ring: ExperienceRing,
-                 params: ParameterChannel, link: ControlLink, resume: tuple[int, dict] | None):
+                 params: ParameterChannel, link: ControlLink, resume: tuple[int, dict] | None, gpu_slot: int = 0):
         """``allreduce`` sums over the learners (``make_allreduce`` on their communicator; ``SingleAllreduce`` for
-        the one learner of a run in one process)."""
+        the one learner of a run in one process); ``gpu_slot`` picks the GPU (``select_device``)."""
         self.config = config
         self.allreduce = allreduce
         self.index = allreduce.rank
         self.ring, self.params, self.link = ring, params, link
         self.spec = spec
-        self.device = select_device(config.pipeline.learner_device, local_rank())
+        self.device = select_device(config.pipeline.learner_device, gpu_slot)
         torch.manual_seed(config.seed)
         self.policy = Policy(self.spec, config.model).to(self.device)
         self.learner = Learner(self.policy, config.ppo, allreduce_sum=self.allreduce.sum,

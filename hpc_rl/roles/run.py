@@ -34,7 +34,8 @@ from hpc_rl.roles.protocol import CONTROLLER, TAG_ACCOUNTING, TAG_RESUME
 from hpc_rl.slurm import RequeueError
 from hpc_rl.storage import write_meta
 from hpc_rl.storage.runlock import RunLockedError, acquire_run_lock
-from hpc_rl.topology import Role, Topology, WorldSizeError
+from hpc_rl.topology import (PlacementError, Role, Topology, WorldSizeError, check_components, gpu_slots,
+                             het_components)
 from hpc_rl.transport import Transport
 
 
@@ -50,17 +51,21 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
     """
     try:
         return _run(config, comm, overrides)
-    except (RequeueError, RunLockedError, ResumeError, WorldSizeError) as err:
+    except (RequeueError, RunLockedError, ResumeError, WorldSizeError, PlacementError) as err:
         # Raised where no rank is inside MPI: a refused requeue once every rank has finished, the refusal of the run
-        # lock or of the resume, broadcast to every rank before any wrote the run's state, or a world size that every
-        # rank finds wrong alike. Finish MPI together and end non-zero (Slurm records a failure) without MPI_Abort,
-        # whose banner would bury the reason; the controller alone says why. The status tells the batch script
-        # that the same job would be refused again: it is not requeued as a failure (hpc_rl/failures.py).
-        if comm.Get_rank() == CONTROLLER:
+        # lock or of the resume, broadcast to every rank before any wrote the run's state, or a world size or a
+        # heterogeneous job's components that every rank finds wrong alike. Finish MPI and end the job non-zero
+        # (Slurm records a failure) without MPI_Abort, whose banner would bury the reason; the controller alone says
+        # why, and alone ends non-zero: under `srun --kill-on-bad-exit` the first rank to end non-zero gets the others
+        # killed, and ranks on other nodes, leaving MPI_Finalize before the controller printed, had it killed
+        # unheard. The status tells the batch script that the same job would be refused again: it is not requeued
+        # as a failure (hpc_rl/failures.py).
+        controller = comm.Get_rank() == CONTROLLER
+        if controller:
             print(f"hpc_rl: {err}", file=sys.stderr, flush=True)
         logging.shutdown()
         MPI.Finalize()
-        os._exit(EXIT_REFUSED)
+        os._exit(EXIT_REFUSED if controller else 0)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
@@ -73,7 +78,12 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     rank = comm.Get_rank()
     topology = Topology(config.topology)
     topology.check(comm.Get_size())  # every rank raises the same WorldSizeError before any work
+    components = het_components()
+    if components is not None:
+        check_components(topology, components)  # the same PlacementError on every rank
     placement = topology.placement(rank)
+    rank_hosts = comm.allgather(MPI.Get_processor_name())
+    slots = gpu_slots(topology, rank_hosts)
     run_dir = Path(config.runs_dir) / config.run_name
     stop_flag = StopFlag()
     control = comm.Dup()
@@ -124,8 +134,9 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     result = None
     learner = inference = None
     if placement.role is Role.CONTROLLER:
-        write_meta(run_dir, world_size=comm.Get_size(), roles=topology.role_map(), transport=transport.meta(),
-                   config_hash=config.config_hash(), resumed_from=resume_version)
+        write_meta(run_dir, world_size=comm.Get_size(), roles=topology.role_map(), rank_hosts=rank_hosts,
+                   gpu_slots=slots, transport=transport.meta(), config_hash=config.config_hash(),
+                   resumed_from=resume_version)
         controller = Controller(config, topology, endpoint, run_dir, resume_version, stop_flag, lifelines, overrides)
         result = controller.run()
     elif placement.role is Role.ENV:
@@ -134,14 +145,14 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
         from hpc_rl.roles.inference import InferenceWorker
 
         inference = InferenceWorker(config, spec, topology.envs_for_inference(placement.index), channels.steps,
-                                    channels.rings, channels.params, link)
+                                    channels.rings, channels.params, link, slots[rank])
         inference.run()
     elif placement.role is Role.LEARNER:
         from hpc_rl.roles.learner import LearnerWorker
 
         learner = LearnerWorker(config, spec, make_allreduce(config.pipeline.allreduce, learner_comm),
                                 channels.rings[placement.index], channels.params, link,
-                                (resume_version, learner_state) if learner_state is not None else None)
+                                (resume_version, learner_state) if learner_state is not None else None, slots[rank])
         learner.run()
         learner.final_checkpoint()
     elif placement.role is Role.EVALUATOR:
