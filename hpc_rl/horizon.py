@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hpc_rl.reproduce import finished_members, launch, read_panel
+from hpc_rl.reproduce import add_launcher_argument, finished_members, launch, read_panel
 from hpc_rl.stats import wilson_interval
 from hpc_rl.storage.run import command_overrides
 
@@ -256,6 +256,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--points", type=int, default=5, help="rated checkpoints per member (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the rating games (default 0)")
     p.add_argument("--out", type=Path, default=Path("docs/figures/figure6"), help="figure6.png, .md and .json")
+    add_launcher_argument(p)
     p.add_argument("--dry-run", action="store_true", help="print the multirun, prepare and launch nothing")
     p.add_argument("--rate-only", action="store_true", help="launch nothing: rate the members' checkpoints so far")
     p.add_argument("overrides", nargs="*", help="further config overrides for every member (key=value)")

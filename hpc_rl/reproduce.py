@@ -214,6 +214,13 @@ def stop_multirun(process: subprocess.Popen, submitit_dir: Path, earlier: set[st
     return jobs
 
 
+def add_launcher_argument(p: argparse.ArgumentParser) -> None:
+    """``--launcher``, for every driver whose members ``launch`` runs (Figure 5's and Figure 6's)."""
+    p.add_argument("--launcher", choices=("slurm", "local"), default="slurm",
+                   help="slurm: Hydra multiruns through submitit onto Slurm; local: each member an mpirun job on "
+                   "this node (no scheduler)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=Path, required=True, help="one sweep directory per panel is made under it")
@@ -225,9 +232,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-versions", type=int, help="pipeline.max_versions of the batch-size members (default: "
                    "half of --versions)")
     p.add_argument("--parallel", type=int, default=1, help="members running at once (Slurm array parallelism)")
-    p.add_argument("--launcher", choices=("slurm", "local"), default="slurm",
-                   help="slurm: Hydra multiruns through submitit onto Slurm; local: each member an mpirun job on "
-                   "this node (no scheduler)")
+    add_launcher_argument(p)
     p.add_argument("--ranks", type=int, default=6, help="MPI ranks per member: the preset's topology world size")
     p.add_argument("--dry-run", action="store_true", help="print the multiruns, launch nothing")
     p.add_argument("overrides", nargs="*", help="further config overrides for every member (key=value)")
