@@ -87,25 +87,27 @@ class RequeueError(RuntimeError):
     """``scontrol requeue`` did not requeue the job (refused, killed, timed out or not installed)."""
 
 
-def restarts(job_id: str) -> int | None:
-    """How many times Slurm has requeued ``job_id`` (``Restarts`` of ``scontrol show job``), or None if unknown."""
+def _job_field(job_id: str, field: str) -> str | None:
+    """``field`` of ``scontrol show job job_id``, or None if unknown (no such job, field or scontrol)."""
     try:
         out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    found = re.search(r"\bRestarts=(\d+)", out.stdout)
-    return int(found[1]) if found else None
+    found = re.search(rf"\b{field}=(\S+)", out.stdout)
+    return found[1] if found else None
+
+
+def restarts(job_id: str) -> int | None:
+    """How many times Slurm has requeued ``job_id`` (``Restarts`` of ``scontrol show job``), or None if unknown."""
+    value = _job_field(job_id, "Restarts")
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def job_stderr(job_id: str) -> Path | None:
     """Where the batch job writes its stderr (``StdErr`` of ``scontrol show job``; srun's own messages go there), or
     None if unknown."""
-    try:
-        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = re.search(r"\bStdErr=(\S+)", out.stdout)
-    return Path(found[1]) if found else None
+    value = _job_field(job_id, "StdErr")
+    return Path(value) if value is not None else None
 
 
 def requeue(job_id: str, timeout: float = 60) -> None:

@@ -22,6 +22,7 @@ from hpc_rl.storage import (CheckpointError, MetricsWriter, commit_checkpoint, l
 from hpc_rl.storage.checkpoint import (COMMIT_STAGES, HEADER_BYTES, CheckpointWriteError, checkpoint_name,
                                        _content_hash, committed_versions, digest_header, verify_digest)
 from hpc_rl.storage.tree import write_tree
+from fuzzing import run_fuzzer
 
 pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
 
@@ -120,15 +121,7 @@ def test_fuzzed_checkpoints_are_refused_and_never_crash_the_reader(tmp_path):
     """Flips, truncations, zeroed or overwritten blocks of 16 B to 4 KiB, random files: in a subprocess, so that a
     crash (HDF5 has segfaulted and hung on such files) fails this test instead of ending pytest."""
     trials = 2000
-    try:
-        proc = subprocess.run([sys.executable, str(ROOT / "tests/programs/fuzz_checkpoint.py"), str(tmp_path),
-                               str(trials), "1"], capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired as hung:
-        pytest.fail(f"the reader hung after:\n{(hung.stdout or b'').decode()[-500:]}")
-    tail = "\n".join(proc.stdout.splitlines()[-5:])
-    assert proc.returncode == 0, f"the reader died (exit {proc.returncode}) after:\n{tail}\n{proc.stderr[-2000:]}"
-    counts = json.loads(proc.stdout.splitlines()[-1])
-    assert counts["silent"] == 0 and counts["other"] == 0, proc.stdout[-3000:]
+    counts = run_fuzzer("fuzz_checkpoint.py", tmp_path, trials, 1, timeout=120)
     assert counts["refused"] + counts["unchanged"] == trials and counts["refused"] > 0.9 * trials, counts
 
 

@@ -6,7 +6,6 @@ tests/test_storage.py (2000 damaged files, in a subprocess)."""
 
 import json
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,9 +21,9 @@ from hpc_rl.storage.layout import RunLayout
 
 sys.path.insert(0, str(Path(__file__).parent / "programs"))
 from fuzz_checkpoint import damaged  # noqa: E402
+from fuzzing import run_fuzzer  # noqa: E402
 
 pytestmark = pytest.mark.light
-ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("flip", "truncate", "zero", "overwrite", "random")
 
 
@@ -119,13 +118,5 @@ def test_damaged_ratings_are_refused_naming_them_and_a_resume_starts_a_new_table
 
 def test_damaged_metrics_are_refused_and_a_resume_sets_them_aside(tmp_path):
     """In a subprocess: h5py parses these bytes, and a crash must fail this test, not end pytest."""
-    try:
-        proc = subprocess.run([sys.executable, str(ROOT / "tests/programs/fuzz_metrics.py"), str(tmp_path), "300",
-                               "4"], capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired as hung:
-        pytest.fail(f"the reader hung after:\n{(hung.stdout or b'').decode()[-500:]}")
-    tail = "\n".join(proc.stdout.splitlines()[-5:])
-    assert proc.returncode == 0, f"the reader died (exit {proc.returncode}) after:\n{tail}\n{proc.stderr[-2000:]}"
-    counts = json.loads(proc.stdout.splitlines()[-1])
-    assert counts["silent"] == 0 and counts["other"] == 0, proc.stdout[-3000:]
+    counts = run_fuzzer("fuzz_metrics.py", tmp_path, 300, 4, timeout=180)
     assert counts["refused"] > 250, counts
