@@ -181,7 +181,10 @@ def test_a_run_moves_to_version_2_by_surgery_and_trains_on_both_versions(tmp_pat
 
     mixing = ["env.new_version_share.kind=linear", "env.new_version_share.start=0.5", "env.new_version_share.end=1",
               "env.new_version_share.versions=2", "pipeline.max_versions=5",
-              "transport.backend=auto"]  # the source's serial runner used the in-process transport
+              "transport.backend=auto",  # the source's serial runner used the in-process transport
+              # Env ranks report their steps (and so the share of version 2 played) every heartbeat: the default
+              # second is longer than these versions last on a quiet machine, where no report falls between two.
+              "pipeline.heartbeat_s=0.05"]
     ranks = 1 + sum(getattr(new.topology, role) for role in ("env", "inference", "learner", "evaluator"))
     cmd = mpirun_command(ranks, [str(ROOT / "jobs/train.py"), *report["resume"], *mixing])  # the serial runner's 4
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=rank_env(), timeout=240)
