@@ -93,7 +93,7 @@ class SegmentStore:
         if self.max_uses > 1:
             batch = self.choose()
             samples = sum(float(h.batch.weight.sum()) for h in batch)
-            if len(batch) == self.per_batch and consumed + samples * self.epochs <= self.target_reuse * produced + 1e-6:
+            if len(batch) == self.per_batch and fits_reuse(consumed, samples, produced, self.epochs, self.target_reuse):
                 return 0
         return max(0, self.queue_capacity + self.per_batch - sum(1 for h in self.held if h.uses == 0))
 
@@ -119,9 +119,14 @@ def may_update(control: dict[str, float], epochs: int, target_reuse: float) -> b
     """Whether the learners update now, from the summed control vector: every learner has a batch, samples were
     produced, and the update (which consumes the next batch once per PPO epoch) keeps consumed / produced at or
     below ``target_reuse``."""
-    projected = control["consumed"] + control["next_batch"] * epochs
     return (control["not_ready"] == 0 and control["produced"] > 0
-            and projected <= target_reuse * control["produced"] + 1e-6)
+            and fits_reuse(control["consumed"], control["next_batch"], control["produced"], epochs, target_reuse))
+
+
+def fits_reuse(consumed: float, batch: float, produced: float, epochs: int, target_reuse: float) -> bool:
+    """Whether an update on ``batch`` samples (consumed once per epoch) keeps samples consumed / produced at or below
+    ``target_reuse``."""
+    return consumed + batch * epochs <= target_reuse * produced + 1e-6
 
 
 class LearnerWorker:
