@@ -60,6 +60,7 @@ fi
 #        ranks starting together do not each spend ~30 s compiling them
 "$PY" -c "from hpc_rl.envs.scripted import warm_up; warm_up()" || fail "the environment's kernels do not compile"
 "$PY" -c "from hpc_rl.envs.go import warm_up; warm_up()" || fail "the Go engine's kernels do not compile"
+"$PY" -c "from hpc_rl.envs.go_search import warm_up; warm_up()" || fail "the Go search's kernels do not compile"
 
 # --- 5. check -----------------------------------------------------------------------------------
 "$PY" -c "import horovod.torch, mpi4py, h5py, hydra, submitit, torch, gymnasium, pettingzoo, mpe2, pyspiel, hpc_rl, hpc_rl.transport._ring" \

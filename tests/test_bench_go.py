@@ -1,5 +1,5 @@
-"""`python -m hpc_rl.bench go` on a tiny setting: every searcher searched the same positions, the figures are present
-and sane, the match is counted (no timing asserted)."""
+"""`python -m hpc_rl.bench go` on a tiny setting: every searcher searched the same positions, the guided search ran
+its simulations, the figures are present and sane, the match is counted (no timing asserted)."""
 
 from argparse import Namespace
 
@@ -8,7 +8,8 @@ import pytest
 from hpc_rl.bench import go as bench
 
 ARGS = dict(board_size=5, positions=2, opening_moves=(2, 6), simulations=20, rollouts=2, uct_c=2.0,
-            python_positions=1, match_games=2, seed=0)
+            python_positions=1, match_games=2, seed=0, guided_games=3, guided_moves=1, guided_simulations=4,
+            guided_leaves=2, guided_blocks=1, guided_filters=8)
 
 
 def test_go_bench_measures_all_three_searches_and_plays_the_match():
@@ -19,6 +20,10 @@ def test_go_bench_measures_all_three_searches_and_plays_the_match():
                 "rollout_mcts_sims_per_s_on_python_positions", "ours_vs_openspiel_cpp", "ours_vs_openspiel_python"):
         assert r[key] > 0, key
     assert (r["rollouts_per_leaf"], r["simulations_per_search"], r["python_positions"]) == (2, 20, 1)
+    assert r["guided_simulations_run"] == 3 * 1 * 4 and 1 <= r["guided_batch_size"] <= 3 * 2
+    for key in ("guided_sims_per_s_per_core", "net_positions_per_s", "search_only_sims_per_s"):
+        assert r[key] > 0, key
+    assert 0 < r["guided_net_share"] < 1 and r["guided_net"] == "1x8"
     match = r["match"]
     assert match["games"] == 2 and match["wins"] + match["losses"] + match["draws"] == 2
 
@@ -31,7 +36,8 @@ def test_openings_are_seeded_legal_stones():
 
 @pytest.mark.parametrize("field, value", [("board_size", 4), ("positions", 0), ("simulations", 1), ("rollouts", 0),
                                           ("opening_moves", (5, 5)), ("python_positions", 3), ("match_games", -1),
-                                          ("seed", -1)])
+                                          ("seed", -1), ("guided_games", 0), ("guided_simulations", 1),
+                                          ("guided_blocks", -1)])
 def test_go_bench_rejects_bad_options(field, value):
     with pytest.raises(ValueError, match=field.replace("_", "-")):
         bench.run(Namespace(**{**ARGS, field: value}))

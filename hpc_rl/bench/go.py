@@ -18,6 +18,19 @@ stops a search early); the C++ bot's is ``--simulations`` per search (pyspiel do
 one legal action would stop it after one simulation, and the openings leave many). Each search is timed alone with
 ``time.perf_counter``; setting up the positions is not timed. The ratios ``ours_vs_*`` divide the rates.
 
+Network-guided search (``hpc_rl.envs.go_search.PUCTSearch`` with ``hpc_rl.model.go_net.GoNet``, one torch thread):
+``--guided-games`` games (default 64) of ``--board-size`` Go, searched together from the empty board for
+``--guided-moves`` moves (default 2) of ``--guided-simulations`` simulations each (default 32), ELF's settings
+otherwise (c_puct 1.5, virtual loss 1, root noise, moves drawn at temperature 1), ``--guided-leaves`` leaves per game
+in flight per step (default 1), so that each step's batch holds games x leaves positions, evaluated by a
+``--guided-blocks`` x ``--guided-filters`` ResNet (default 6 x 64) with random weights:
+``guided_sims_per_s_per_core`` (simulations over the whole search's time, the network's included),
+``guided_batch_size`` (positions per evaluation, mean), ``guided_net_share`` (the share of that time in the network).
+Then the network alone on batches of that size of the positions reached, timed between the moves so that both see
+the same load → ``net_positions_per_s``: the search's overhead is the gap between the two rates. Last, the same moves
+searched with uniform priors and zero values in place of the network → ``search_only_sims_per_s``, the search's own
+cost.
+
 ``--match-games N`` (default 0) adds a strength check: ours against the C++ bot at equal simulations, N games,
 colours alternating, from the empty board (``match``: wins, losses and draws of ours).
 """
@@ -50,6 +63,12 @@ def add_arguments(parser) -> None:
                         help="positions also searched by OpenSpiel's Python MCTSBot (the first ones)")
     parser.add_argument("--match-games", type=int, default=0, help="games of ours against OpenSpiel's C++ bot")
     parser.add_argument("--seed", type=int, default=0, help="seed of the openings and of the searches")
+    parser.add_argument("--guided-games", type=int, default=64, help="games searched together by the guided search")
+    parser.add_argument("--guided-moves", type=int, default=2, help="moves searched per game")
+    parser.add_argument("--guided-simulations", type=int, default=32, help="guided simulations per move")
+    parser.add_argument("--guided-leaves", type=int, default=1, help="leaves in flight per game and step")
+    parser.add_argument("--guided-blocks", type=int, default=6, help="residual blocks of the network")
+    parser.add_argument("--guided-filters", type=int, default=64, help="filters of the network")
 
 
 def check_arguments(args) -> None:
@@ -67,6 +86,12 @@ def check_arguments(args) -> None:
         raise ValueError(f"--python-positions must lie in [0, --positions], got {args.python_positions}")
     if args.match_games < 0:
         raise ValueError(f"--match-games must be >= 0, got {args.match_games}")
+    for name in ("guided_games", "guided_moves", "guided_leaves", "guided_filters"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.guided_simulations < 2 or args.guided_blocks < 0:
+        raise ValueError(f"--guided-simulations must be >= 2 and --guided-blocks >= 0, got "
+                         f"{args.guided_simulations}, {args.guided_blocks}")
     if not 0 <= args.seed < 2**31:
         raise ValueError(f"--seed must be in [0, 2**31), got {args.seed}")
 
@@ -104,6 +129,78 @@ def play_match(game, size: int, games: int, simulations: int, rollouts: int, uct
         ret = state.returns()[ours_player]
         result["wins" if ret > 0 else "losses" if ret < 0 else "draws"] += 1
     return result
+
+
+def guided_search(args) -> dict:
+    """The network-guided search's simulations per second on one core, and the network's alone at its batch."""
+    import torch
+
+    from hpc_rl.envs.go import input_planes
+    from hpc_rl.envs.go_search import PUCTConfig, PUCTSearch
+    from hpc_rl.model.config import GoNetConfig
+    from hpc_rl.model.go_net import GoNet, NetEvaluator
+
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    size, n = args.board_size, args.guided_games
+    net = NetEvaluator(GoNet(GoNetConfig(args.guided_blocks, args.guided_filters), size))
+    config = PUCTConfig(simulations=args.guided_simulations, leaves_per_game=args.guided_leaves)
+    search = PUCTSearch(config, [args.seed * 100_003 + g for g in range(n)], size, KOMI)
+    warm = PUCTSearch(PUCTConfig(simulations=2), [0], size, KOMI)
+    warm.search(GoGames(1, size, KOMI), [0], net)  # compiled (or loaded from numba's cache) untimed
+    games = GoGames(n, size, KOMI)
+    batches, net_seconds = [], [0.0]
+
+    def timed(planes, legal):
+        start = time.perf_counter()
+        out = net(planes, legal)
+        net_seconds[0] += time.perf_counter() - start
+        batches.append(len(planes))
+        return out
+
+    seconds, alone_seconds, alone_positions, simulations = 0.0, 0.0, 0, 0
+    for _ in range(args.guided_moves):
+        active = np.flatnonzero(~games.terminal)  # two passes may end a game
+        if not active.size:
+            break
+        start = time.perf_counter()
+        choice = search.search(games, active, timed)
+        actions = np.full(n, games.pass_action)
+        actions[active] = choice.actions
+        games.step(actions)
+        seconds += time.perf_counter() - start
+        simulations += len(active) * args.guided_simulations
+        # The network alone, between the moves so that both see the same load: a quarter as many positions, in
+        # batches of the search's mean size, of the positions reached.
+        batch = int(round(np.mean(batches)))
+        rows = np.arange(batch) % n
+        planes, legal = input_planes(games, rows), games.legal_mask()[rows]
+        reps = max(1, int(np.ceil(n * args.guided_simulations / batch / 4)))
+        start = time.perf_counter()
+        for _ in range(reps):
+            net(planes, legal)
+        alone_seconds += time.perf_counter() - start
+        alone_positions += reps * batch
+    net_rate = alone_positions / alone_seconds
+    # The search alone: the same moves with uniform priors and zero values in place of the network.
+    games, start, search_simulations = GoGames(n, size, KOMI), time.perf_counter(), 0
+    search = PUCTSearch(config, [args.seed * 100_003 + g for g in range(n)], size, KOMI)
+    for _ in range(args.guided_moves):
+        active = np.flatnonzero(~games.terminal)
+        if active.size:
+            search_simulations += len(active) * args.guided_simulations
+            choice = search.search(games, active, lambda planes, legal: (legal.astype(np.float64),
+                                                                          np.zeros(len(planes))))
+            actions = np.full(n, games.pass_action)
+            actions[active] = choice.actions
+            games.step(actions)
+    search_rate = search_simulations / (time.perf_counter() - start)
+    return {"guided_sims_per_s_per_core": simulations / seconds, "guided_batch_size": batch,
+            "guided_net_share": net_seconds[0] / seconds, "net_positions_per_s": net_rate,
+            "search_only_sims_per_s": search_rate,
+            "guided_games": n, "guided_moves": args.guided_moves, "guided_simulations": args.guided_simulations,
+            "guided_leaves_per_game": args.guided_leaves, "guided_simulations_run": simulations,
+            "guided_net": f"{args.guided_blocks}x{args.guided_filters}"}
 
 
 def run(args) -> dict:
@@ -156,6 +253,7 @@ def run(args) -> dict:
         result.update({"openspiel_mcts_sims_per_s": python_rate,
                        "rollout_mcts_sims_per_s_on_python_positions": ours_subset,
                        "ours_vs_openspiel_python": ours_subset / python_rate})
+    result.update(guided_search(args))
     if args.match_games:
         result["match"] = play_match(game, size, args.match_games, args.simulations, args.rollouts, args.uct_c,
                                      args.seed)

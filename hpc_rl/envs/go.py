@@ -317,6 +317,22 @@ def _step_all(pts, meta, hashes, actions, size, max_len, zob, terminal):
 
 
 @njit(cache=True)
+def _play_sequences(pts, meta, hashes, rows, actions, lengths, size, max_len, zob):
+    """Play ``actions[i, :lengths[i]]`` in game ``rows[i]``; returns the first ``i`` whose next action is illegal or
+    comes after the game's end (-1: none), having played that row's actions before it and every earlier row's."""
+    for i in range(rows.shape[0]):
+        g = rows[i]
+        for j in range(lengths[i]):
+            a = actions[i, j]
+            if _is_terminal(meta, g, max_len) or a < 0 or a > size * size:
+                return i
+            if a < size * size and not _is_legal(pts, meta, g, (a // size + 1) * (size + 2) + a % size + 1, size):
+                return i
+            _play(pts, meta, hashes, g, a, size, zob)
+    return -1
+
+
+@njit(cache=True)
 def _terminal_all(meta, max_len, out):
     for g in range(meta.shape[0]):
         out[g] = _is_terminal(meta, g, max_len)
@@ -407,6 +423,24 @@ class GoGames:
         _step_all(self.pts, self.meta, self.hashes, actions, self.size, self.max_game_length, ZOBRIST, terminal)
         return terminal
 
+    def play_sequences(self, rows, actions, lengths) -> None:
+        """Play ``actions[i, :lengths[i]]`` in game ``rows[i]``, for every ``i`` (a search replaying its paths from
+        copies of the root). An illegal action, or one after the game's end, raises ``ValueError``; the rows before
+        it have moved."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        actions = np.ascontiguousarray(actions, dtype=np.int64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        if actions.ndim != 2 or actions.shape[0] != rows.shape[0] or lengths.shape != rows.shape:
+            raise ValueError(f"play_sequences needs actions (R, L) and lengths (R,) for R rows, got {actions.shape}, "
+                             f"{lengths.shape} for {rows.shape}")
+        if rows.size and (lengths.min() < 0 or lengths.max() > actions.shape[1]):
+            raise ValueError(f"lengths must lie in [0, {actions.shape[1]}]")
+        bad = _play_sequences(self.pts, self.meta, self.hashes, rows, actions, lengths, self.size,
+                              self.max_game_length, ZOBRIST)
+        if bad >= 0:
+            raise ValueError(f"game {rows[bad]}: the sequence {actions[bad, :lengths[bad]].tolist()} has an illegal "
+                             f"action or goes past the game's end (move {self.meta[rows[bad], MOVES]})")
+
     def returns(self) -> np.ndarray:
         """(G, 2) float64: black's and white's returns, +1 win, -1 loss, 0 draw; 0 in unfinished games."""
         out = np.empty((self.num_games, 2))
@@ -438,6 +472,35 @@ class GoGames:
         out = GoGames(len(rows), self.size, self.komi, self.max_game_length)
         out.copy_from(slice(None), self, rows)
         return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The network's input (``hpc_rl.model.go_net``): planes of the board seen by the player to move, as AlphaGo Zero's
+# (its stones, the opponent's, a colour plane) with the legal points in place of its 7 past positions (the engine keeps
+# past boards as hashes only; the legal points carry what history told AlphaGo Zero's net about ko) and a plane of
+# ones, which marks the board's edge inside the convolutions' zero padding.
+
+PLANES = ("own stones", "opponent stones", "legal points", "black to play", "ones")
+NUM_PLANES = len(PLANES)
+
+
+def input_planes(games: GoGames, rows, legal: np.ndarray | None = None) -> np.ndarray:
+    """(R, NUM_PLANES, size, size) float32, the ``PLANES`` of games ``rows`` for their player to move; ``legal``:
+    their ``legal_mask()`` rows (R, size^2 + 1) where the caller has them."""
+    rows = np.asarray(rows, dtype=np.int64)
+    s, w = games.size, games.size + 2
+    if legal is None:
+        legal = games.legal_mask()[rows]
+    colors = games.pts[rows, COLOR, :].reshape(-1, w, w)[:, 1:-1, 1:-1]
+    to_play = games.meta[rows, TO_PLAY]
+    own = (to_play + 1)[:, None, None]
+    out = np.empty((len(rows), NUM_PLANES, s, s), dtype=np.float32)
+    out[:, 0] = colors == own
+    out[:, 1] = (colors != own) & (colors != EMPTY)
+    out[:, 2] = legal[:, :s * s].reshape(-1, s, s)
+    out[:, 3] = (to_play == 0)[:, None, None]
+    out[:, 4] = 1.0
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------------

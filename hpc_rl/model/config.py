@@ -31,3 +31,16 @@ class ModelConfig:
             raise ValueError(f"entity_pooling {self.entity_pooling!r} is not one of {POOLINGS}")
         if self.chunk_len < 1:
             raise ValueError(f"chunk_len must be >= 1, got {self.chunk_len}")
+
+
+@dataclass(frozen=True)
+class GoNetConfig:
+    """The Go network's tower (``hpc_rl.model.go_net``): ``blocks`` residual blocks of ``filters`` channels (ELF
+    OpenGo: 20 x 256; AlphaGo Zero's smaller run 20 x 256, its larger 40 x 256)."""
+
+    blocks: int = 20
+    filters: int = 256
+
+    def __post_init__(self) -> None:
+        if self.blocks < 0 or self.filters < 1:
+            raise ValueError(f"blocks must be >= 0 and filters >= 1, got {self.blocks}, {self.filters}")

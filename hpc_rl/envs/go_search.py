@@ -1,0 +1,459 @@
+"""Network-guided PUCT search over many games of Go at once (AlphaGo Zero, AlphaZero, ELF OpenGo), stepped so that
+the leaves of every game are evaluated together in one batch.
+
+One step of ``PUCTSearch``: ``select()`` descends each searched game's tree by PUCT ``leaves_per_game`` times,
+putting a virtual loss on every path so that the next descent of the same step avoids it, replays the paths from
+copies of the roots and returns the input planes and legal moves of the leaves that need the network (a leaf where
+the game has ended takes its true result instead); the caller evaluates them in one batch, and
+``expand_and_backup(priors, values)`` expands those leaves and backs every path up, removing its virtual loss. After
+``simulations`` selections per game (the first expands the root), ``choose()`` gives each game's move, the policy
+target π (the root's visit distribution) and the value the search sees for the player to move (for resignation).
+``play_games`` drives whole self-play games with it in one process.
+
+The maths are pure functions (``puct_score``, ``add_virtual_loss``, ``backup``, ``mix_noise``, ``visit_policy``).
+A node's statistics are its visit count N and value sum W, both for the player who moved into it, and its prior P.
+
+numba caches each file's kernels and notices edits of that file only; the kernels here therefore call nothing of
+``go.py``: positions are built through ``GoGames``' own methods (``copy_from``, ``play_sequences``, ``terminal``,
+``legal_mask``), and the tree is plain arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from hpc_rl.envs.go import TO_PLAY, GoGames, input_planes
+
+
+@dataclass(frozen=True)
+class PUCTConfig:
+    """The search's and the self-play move choice's settings; the defaults are ELF OpenGo's training workers'."""
+
+    simulations: int = 1600  # per move, the root's expansion included (AlphaGo Zero's and ELF's 1,600)
+    c_puct: float = 1.5  # ELF's (section 5.1); AlphaGo Zero and AlphaZero leave it unstated
+    virtual_loss: float = 1.0  # ELF's: an in-flight path counts as a lost visit (section 5.2)
+    leaves_per_game: int = 1  # paths in flight per game and step; the batch is games x this
+    dirichlet_alpha: float = 0.03  # root noise Dir(alpha) (AlphaGo Zero, 19x19; AlphaZero scales it ~ 10 / moves)
+    dirichlet_weight: float = 0.25  # epsilon: P = (1 - epsilon) p + epsilon eta at the root; 0: no noise
+    temperature: float = 1.0  # moves drawn from N^(1 / temperature); 0: the most visited (ELF: 1 for all moves)
+    greedy_after: int | None = None  # from this move on, the most visited (AlphaGo Zero, AlphaZero: 30); None: never
+    # Resign when the search's value is below it; None: never. AlphaGo Zero moves it to keep the calibration games'
+    # false positives under 5% (resign_false_positives); -0.9 is a starting point, not a paper's figure.
+    resign_threshold: float | None = -0.9
+    resign_playout_share: float = 0.1  # games that never resign, to measure the threshold's false positives (AGZ)
+
+    def __post_init__(self) -> None:
+        if self.simulations < 2:
+            raise ValueError(f"simulations must be >= 2 (the first expands the root), got {self.simulations}")
+        if self.leaves_per_game < 1:
+            raise ValueError(f"leaves_per_game must be >= 1, got {self.leaves_per_game}")
+        for name in ("c_puct", "virtual_loss", "temperature"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.dirichlet_alpha > 0:
+            raise ValueError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
+        for name in ("dirichlet_weight", "resign_playout_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
+        if self.greedy_after is not None and self.greedy_after < 0:
+            raise ValueError(f"greedy_after must be >= 0 or None, got {self.greedy_after}")
+        if self.resign_threshold is not None and not -1 <= self.resign_threshold <= 1:
+            raise ValueError(f"resign_threshold must lie in [-1, 1] or be None, got {self.resign_threshold}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The maths, as pure functions (compiled; callable from Python).
+
+# Columns of the node arrays ``ni`` (int64) and ``nf`` (float64). A node's children are ``ni[node, FIRST]`` ...
+# ``+ ni[node, COUNT] - 1``; COUNT 0: not expanded (an expanded node has a child at least: pass).
+ACTION, FIRST, COUNT = range(3)
+PRIOR, VISITS, VALUE_SUM = range(3)
+
+
+@njit(cache=True)
+def puct_score(value_sum, visits, prior, parent_visits, c_puct):
+    """AlphaGo Zero's PUCT: Q + c_puct P sqrt(N_parent) / (1 + N), Q = W / N and 0 for an unvisited child (its
+    initial value); N_parent is the parent's own count (1 + its children's, in-flight paths included)."""
+    q = value_sum / visits if visits > 0 else 0.0
+    return q + c_puct * prior * np.sqrt(parent_visits) / (1.0 + visits)
+
+
+@njit(cache=True)
+def add_virtual_loss(nf, node, virtual_loss):
+    """An in-flight path's node counts ``virtual_loss`` more visits, all lost (ELF's constant 1: one lost visit)."""
+    nf[node, VISITS] += virtual_loss
+    nf[node, VALUE_SUM] -= virtual_loss
+
+
+@njit(cache=True)
+def backup(nf, path, depth, value, virtual_loss):
+    """Back ``value`` (the leaf's value for its player to move) up ``path[0..depth]`` (root first), replacing the
+    path's virtual loss by one visit: each node's W is for the player who moved into it, so the sign alternates."""
+    v = -value
+    for i in range(depth, -1, -1):
+        node = path[i]
+        nf[node, VISITS] += 1.0 - virtual_loss
+        nf[node, VALUE_SUM] += v + virtual_loss
+        v = -v
+
+
+@njit(cache=True)
+def mix_noise(prior, noise, weight):
+    """AlphaGo Zero's root exploration: (1 - epsilon) p + epsilon eta, eta ~ Dir(alpha) over the legal moves."""
+    return (1.0 - weight) * prior + weight * noise
+
+
+def visit_policy(visits: np.ndarray, temperature: float) -> np.ndarray:
+    """pi(a) proportional to N(a)^(1 / temperature) over the last axis; temperature 0: one-hot on the most visited
+    (the first of equals)."""
+    visits = np.asarray(visits, dtype=np.float64)
+    if temperature == 0:
+        out = np.zeros_like(visits)
+        np.put_along_axis(out, visits.argmax(-1)[..., None], 1.0, -1)
+        return out
+    top = visits.max(-1, keepdims=True)
+    scaled = (visits / np.where(top > 0, top, 1.0)) ** (1.0 / temperature)  # scaled first: N^(1/T) overflows
+    return scaled / scaled.sum(-1, keepdims=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tree kernels.
+
+@njit(cache=True)
+def _select_child(ni, nf, node, c_puct):
+    """The child of highest PUCT score, the first of equals (children are in action order)."""
+    best, best_score = -1, -np.inf
+    parent_visits = nf[node, VISITS]
+    for c in range(ni[node, FIRST], ni[node, FIRST] + ni[node, COUNT]):
+        score = puct_score(nf[c, VALUE_SUM], nf[c, VISITS], nf[c, PRIOR], parent_visits, c_puct)
+        if score > best_score:
+            best, best_score = c, score
+    return best
+
+
+@njit(cache=True)
+def _select_paths(ni, nf, roots, games, counts, c_puct, virtual_loss, paths, actions, depths, leaf_game):
+    """``counts[i]`` paths from the root of game ``games[i]``, each to an unexpanded node, with a virtual loss on
+    each path before the next descent; returns the number of paths written."""
+    n = 0
+    for i in range(games.shape[0]):
+        g = games[i]
+        for _ in range(counts[i]):
+            node, d = roots[g], 0
+            paths[n, 0] = node
+            while ni[node, COUNT] > 0:
+                node = _select_child(ni, nf, node, c_puct)
+                actions[n, d] = ni[node, ACTION]
+                d += 1
+                paths[n, d] = node
+            for j in range(d + 1):
+                add_virtual_loss(nf, paths[n, j], virtual_loss)
+            depths[n] = d
+            leaf_game[n] = g
+            n += 1
+    return n
+
+
+@njit(cache=True)
+def _expand(ni, nf, node, used, legal, prior, noise, weight):
+    """Give ``node`` a child per legal action (action order) from ``used`` on; returns the next free node. The priors
+    are renormalised over the legal actions (uniform where they sum to 0), then mixed with ``noise`` by ``weight``."""
+    total, k = 0.0, 0
+    for a in range(legal.shape[0]):
+        if legal[a]:
+            total += prior[a]
+            k += 1
+    ni[node, FIRST] = used
+    ni[node, COUNT] = k
+    c = used
+    for a in range(legal.shape[0]):
+        if legal[a]:
+            p = prior[a] / total if total > 0 else 1.0 / k
+            ni[c, ACTION] = a
+            ni[c, FIRST] = -1
+            ni[c, COUNT] = 0
+            nf[c, PRIOR] = mix_noise(p, noise[a], weight)
+            nf[c, VISITS] = 0.0
+            nf[c, VALUE_SUM] = 0.0
+            c += 1
+    return c
+
+
+@njit(cache=True)
+def _expand_and_backup(ni, nf, used, paths, depths, n, values, eval_row, legal, priors, noise, noise_rows, weight,
+                       virtual_loss):
+    """Expand each evaluated leaf (``eval_row[i] >= 0``) not yet expanded (two paths of a step may end on one leaf),
+    the roots with their noise row, then back path ``i`` up with ``values[i]``, in path order; returns next free."""
+    for i in range(n):
+        leaf = paths[i, depths[i]]
+        r = eval_row[i]
+        if r >= 0 and ni[leaf, COUNT] == 0:
+            if noise_rows[r] >= 0:
+                used = _expand(ni, nf, leaf, used, legal[r], priors[r], noise[noise_rows[r]], weight)
+            else:
+                used = _expand(ni, nf, leaf, used, legal[r], priors[r], priors[r], 0.0)
+        backup(nf, paths[i], depths[i], values[i], virtual_loss)
+    return used
+
+
+@njit(cache=True)
+def _root_stats(ni, nf, roots, games, visits, values):
+    """Per game ``games[i]``: its root children's visits by action into ``visits[i]``, and into ``values[i]`` the
+    larger of the root's value and its most visited child's, for the player to move (AlphaGo Zero's resignation)."""
+    for i in range(games.shape[0]):
+        root = roots[games[i]]
+        visits[i, :] = 0.0
+        best = ni[root, FIRST]
+        for c in range(ni[root, FIRST], ni[root, FIRST] + ni[root, COUNT]):
+            visits[i, ni[c, ACTION]] = nf[c, VISITS]
+            if nf[c, VISITS] > nf[best, VISITS]:
+                best = c
+        value = -nf[root, VALUE_SUM] / nf[root, VISITS]
+        if nf[best, VISITS] > 0:
+            value = max(value, nf[best, VALUE_SUM] / nf[best, VISITS])
+        values[i] = value
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class MoveChoice:
+    """What a move's search gave, one row per searched game (``PUCTSearch.start``'s rows, in order)."""
+
+    rows: np.ndarray  # (R,) the games
+    actions: np.ndarray  # (R,) the moves chosen
+    pi: np.ndarray  # (R, size^2 + 1) float32: the root's visit distribution, the policy's training target
+    values: np.ndarray  # (R,) the search's value for the player to move: max(root, most visited child)
+
+
+class PUCTSearch:
+    """The search of one move in many games at once, stepped: ``start``, then ``select`` / ``expand_and_backup``
+    until ``done``, then ``choose``. Game ``g`` of the ``GoGames`` searched draws its root noise and its sampled
+    moves from ``np.random.default_rng(seeds[g])``, so a game's moves do not depend on which games share its batch.
+    The trees of one move share a pool of nodes, freed at the next ``start``."""
+
+    def __init__(self, config: PUCTConfig, seeds, board_size: int = 9, komi: float = 7.5,
+                 max_game_length: int | None = None):
+        self.config = config
+        self.num_games = len(seeds)
+        self.rngs = [np.random.default_rng(s) for s in seeds]
+        k = config.leaves_per_game
+        self.leaves = GoGames(self.num_games * k, board_size, komi, max_game_length)  # scratch copies for replays
+        self.num_actions = self.leaves.num_actions
+        width = self.leaves.max_game_length + 1  # a path's nodes: root to a leaf at most at the game's end
+        self._paths = np.zeros((self.num_games * k, width), dtype=np.int64)
+        self._actions = np.zeros((self.num_games * k, width), dtype=np.int64)
+        self._depths = np.zeros(self.num_games * k, dtype=np.int64)
+        self._leaf_game = np.zeros(self.num_games * k, dtype=np.int64)
+        capacity = self.num_games * max(64, self.num_actions * 4)
+        self._ni = np.zeros((capacity, 3), dtype=np.int64)
+        self._nf = np.zeros((capacity, 3), dtype=np.float64)
+        self._used = 0
+        self.roots = np.zeros(self.num_games, dtype=np.int64)
+        self.simulations = np.zeros(self.num_games, dtype=np.int64)  # selections this move
+        self.rows = np.zeros(0, dtype=np.int64)
+        self.games: GoGames | None = None
+        self._pending = None
+
+    def start(self, games: GoGames, rows) -> None:
+        """Begin a move's search in games ``rows`` (unfinished) of ``games``, which stays unchanged until ``choose``."""
+        rows = np.atleast_1d(np.asarray(rows, dtype=np.int64))
+        if (games.num_games, games.size, games.komi, games.max_game_length) != (
+                self.num_games, self.leaves.size, self.leaves.komi, self.leaves.max_game_length):
+            raise ValueError("the games must match the search's number of games (seeds), board size, komi and "
+                             "max_game_length")
+        if self._pending is not None:
+            raise RuntimeError("start() while a step is in flight: expand_and_backup() first")
+        if len(np.unique(rows)) != len(rows) or games.terminal[rows].any():
+            raise ValueError("start() needs distinct rows of unfinished games")
+        self.games, self.rows = games, rows
+        self.roots[rows] = np.arange(len(rows))
+        self._used = len(rows)
+        self._ni[:len(rows)] = (-1, -1, 0)
+        self._nf[:len(rows)] = 0.0
+        self.simulations[rows] = 0
+
+    @property
+    def done(self) -> bool:
+        return self._pending is None and bool((self.simulations[self.rows] >= self.config.simulations).all())
+
+    def select(self) -> tuple[np.ndarray, np.ndarray]:
+        """One step's leaves: (planes (E, NUM_PLANES, size, size) float32, legal (E, size^2 + 1) bool) of the E
+        leaves to evaluate (none where every path ended a game); answer with ``expand_and_backup``."""
+        if self._pending is not None:
+            raise RuntimeError("select() twice: expand_and_backup() the last step's leaves first")
+        if self.games is None or self.done:
+            raise RuntimeError("select() with no search under way: start() a move first")
+        cfg = self.config
+        sims = self.simulations[self.rows]
+        games = self.rows[sims < cfg.simulations]
+        left = cfg.simulations - self.simulations[games]
+        expanded = self._ni[self.roots[games], COUNT] > 0
+        counts = np.where(expanded, np.minimum(cfg.leaves_per_game, left), 1)  # the root is expanded alone first
+        n = _select_paths(self._ni, self._nf, self.roots, games, counts, cfg.c_puct, cfg.virtual_loss, self._paths,
+                          self._actions, self._depths, self._leaf_game)
+        self.simulations[games] += counts
+        rows = np.arange(n)
+        self.leaves.copy_from(rows, self.games, self._leaf_game[:n])
+        self.leaves.play_sequences(rows, self._actions[:n], self._depths[:n])
+        terminal = self.leaves.terminal[:n]
+        values = np.zeros(n)
+        ended = np.flatnonzero(terminal)
+        values[ended] = self.leaves.returns()[ended, self.leaves.meta[ended, TO_PLAY]]  # for the player to move
+        evaluate = np.flatnonzero(~terminal)
+        eval_row = np.full(n, -1, dtype=np.int64)
+        eval_row[evaluate] = np.arange(len(evaluate))
+        legal = self.leaves.legal_mask()[evaluate]
+        self._pending = (n, values, eval_row, evaluate, legal)
+        return input_planes(self.leaves, evaluate, legal), legal
+
+    def expand_and_backup(self, priors, values) -> None:
+        """Answer the last ``select``: ``priors`` (E, size^2 + 1), >= 0, used over the legal moves (renormalised), and
+        ``values`` (E,), each leaf's value for its player to move, in [-1, 1]."""
+        if self._pending is None:
+            raise RuntimeError("expand_and_backup() without select()")
+        n, leaf_values, eval_row, evaluate, legal = self._pending
+        priors = np.ascontiguousarray(priors, dtype=np.float64)
+        values = np.asarray(values, dtype=np.float64).reshape(-1)
+        e = len(evaluate)
+        if priors.shape != (e, self.num_actions) or values.shape != (e,):
+            raise ValueError(f"expand_and_backup needs priors ({e}, {self.num_actions}) and values ({e},), got "
+                             f"{priors.shape} and {values.shape}")
+        if not (np.isfinite(priors).all() and (priors >= 0).all() and np.isfinite(values).all()
+                and (np.abs(values) <= 1).all()):
+            raise ValueError("priors must be finite and >= 0, values finite in [-1, 1]")
+        leaf_values[evaluate] = values
+        cfg = self.config
+        roots = evaluate[self._depths[evaluate] == 0]  # leaves expanding a root: noise (AlphaGo Zero), per game
+        noise_rows = np.full(e, -1, dtype=np.int64)
+        noise = np.zeros((len(roots), self.num_actions))
+        if cfg.dirichlet_weight > 0:
+            for j, leaf in enumerate(roots):
+                moves = np.flatnonzero(legal[eval_row[leaf]])
+                noise[j, moves] = self.rngs[self._leaf_game[leaf]].dirichlet(np.full(len(moves), cfg.dirichlet_alpha))
+                noise_rows[eval_row[leaf]] = j
+        self._grow(self._used + e * self.num_actions)
+        self._used = _expand_and_backup(self._ni, self._nf, self._used, self._paths, self._depths, n, leaf_values,
+                                        eval_row, legal, priors, noise, noise_rows, cfg.dirichlet_weight,
+                                        cfg.virtual_loss)
+        self._pending = None
+
+    def choose(self) -> MoveChoice:
+        """Each searched game's move: drawn from the visits at the temperature (the most visited from
+        ``greedy_after`` on), with π the visit distribution; the games themselves are not changed."""
+        if not self.done:
+            raise RuntimeError("choose() before the search is done")
+        cfg = self.config
+        visits = np.zeros((len(self.rows), self.num_actions))
+        values = np.zeros(len(self.rows))
+        _root_stats(self._ni, self._nf, self.roots, self.rows, visits, values)
+        moves = self.games.move_number[self.rows]
+        actions = np.zeros(len(self.rows), dtype=np.int64)
+        for i, g in enumerate(self.rows):
+            greedy = cfg.temperature == 0 or (cfg.greedy_after is not None and moves[i] >= cfg.greedy_after)
+            if greedy:
+                actions[i] = visits[i].argmax()
+            else:
+                actions[i] = self.rngs[g].choice(self.num_actions, p=visit_policy(visits[i], cfg.temperature))
+        pi = visit_policy(visits, 1.0).astype(np.float32)
+        return MoveChoice(self.rows.copy(), actions, pi, values)
+
+    def search(self, games: GoGames, rows, evaluate) -> MoveChoice:
+        """A whole move's search in one process: ``evaluate(planes, legal) -> (priors, values)`` answers each step's
+        batch (a step whose paths all ended games has none to answer)."""
+        self.start(games, rows)
+        while not self.done:
+            planes, legal = self.select()
+            if len(planes):
+                self.expand_and_backup(*evaluate(planes, legal))
+            else:
+                self.expand_and_backup(np.zeros((0, self.num_actions)), np.zeros(0))
+        return self.choose()
+
+    def _grow(self, need: int) -> None:
+        cap = self._ni.shape[0]
+        if need > cap:
+            while cap < need:
+                cap *= 2
+            self._ni = np.concatenate([self._ni, np.zeros((cap - self._ni.shape[0], 3), dtype=np.int64)])
+            self._nf = np.concatenate([self._nf, np.zeros((cap - self._nf.shape[0], 3))])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Self-play in one process.
+
+@dataclass
+class GameRecord:
+    """One self-play game: per move searched, what the learner trains on, and how the game ended."""
+
+    planes: np.ndarray  # (T, NUM_PLANES, size, size) float32: the network's input at each searched position
+    pi: np.ndarray  # (T, size^2 + 1) float32: the search's visit distribution there
+    to_play: np.ndarray  # (T,) 0 black, 1 white
+    actions: np.ndarray  # (T,) the moves chosen (a resigned game's last one was not played)
+    z: np.ndarray  # (T,) float32: the outcome for the player to move, +1 / -1 / 0
+    winner: int  # 0 black, 1 white, -1 a draw
+    resigned: bool  # the loser resigned
+    playout: bool  # a calibration game: nobody could resign
+    would_resign: int  # in a calibration game, the first player whose value fell below the threshold, else -1
+
+
+def play_games(evaluate, seeds, board_size: int = 9, komi: float = 7.5, config: PUCTConfig = PUCTConfig(),
+               max_game_length: int | None = None) -> list[GameRecord]:
+    """Play ``len(seeds)`` self-play games together to their ends, every move searched by ``PUCTSearch`` with the
+    leaves of all games evaluated by ``evaluate(planes, legal) -> (priors, values)`` in one batch per step.
+
+    Game ``i`` searches with ``seeds[i]``'s stream (``PUCTSearch``) and draws whether it is a calibration game (no
+    resignation; share ``resign_playout_share``) from ``np.random.default_rng([seeds[i], 1])``. A player resigns
+    when the search's value for it is below ``resign_threshold``; the opponent wins."""
+    seeds = list(seeds)
+    games = GoGames(len(seeds), board_size, komi, max_game_length)
+    search = PUCTSearch(config, seeds, board_size, komi, max_game_length)
+    playout = np.array([config.resign_threshold is None
+                        or np.random.default_rng([s, 1]).random() < config.resign_playout_share for s in seeds])
+    would_resign = np.full(len(seeds), -1)
+    winner = np.full(len(seeds), -1)
+    resigned = np.zeros(len(seeds), dtype=bool)
+    history: list[list[tuple]] = [[] for _ in seeds]
+    active = np.arange(len(seeds))
+    while active.size:
+        choice = search.search(games, active, evaluate)
+        to_play = games.meta[active, TO_PLAY]
+        planes = input_planes(games, active)
+        for i, g in enumerate(active):
+            history[g].append((planes[i], choice.pi[i], to_play[i], choice.actions[i]))
+        losing = (choice.values < config.resign_threshold if config.resign_threshold is not None
+                  else np.zeros(len(active), dtype=bool))
+        first = losing & playout[active] & (would_resign[active] < 0)
+        would_resign[active[first]] = to_play[first]
+        resign = losing & ~playout[active]
+        resigned[active[resign]] = True
+        winner[active[resign]] = 1 - to_play[resign]
+        move = active[~resign]
+        games.play_sequences(move, choice.actions[~resign, None], np.ones(len(move), dtype=np.int64))
+        ended = move[games.terminal[move]]
+        black = games.returns()[ended, 0]
+        winner[ended] = np.where(black > 0, 0, np.where(black < 0, 1, -1))
+        active = move[~games.terminal[move]]
+    records = []
+    for g, moves in enumerate(history):
+        planes, pi, to_play, actions = (np.stack(x) for x in zip(*moves))
+        z = np.where(winner[g] < 0, 0.0, np.where(to_play == winner[g], 1.0, -1.0)).astype(np.float32)
+        records.append(GameRecord(planes, pi, to_play, actions, z, int(winner[g]), bool(resigned[g]),
+                                  bool(playout[g]), int(would_resign[g])))
+    return records
+
+
+def resign_false_positives(records: list[GameRecord]) -> tuple[int, int]:
+    """(calibration games in which a player would have resigned and went on to win or draw, calibration games in
+    which one would have resigned): AlphaGo Zero keeps the first below 5% of the second by moving the threshold."""
+    would = [r for r in records if r.playout and r.would_resign >= 0]
+    return sum(r.winner != 1 - r.would_resign for r in would), len(would)
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the search's kernels with one tiny search."""
+    search = PUCTSearch(PUCTConfig(simulations=2), [0], board_size=5)
+    search.search(GoGames(1, 5), [0], lambda planes, legal: (np.ones(legal.shape), np.zeros(len(legal))))

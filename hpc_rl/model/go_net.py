@@ -1,0 +1,74 @@
+"""The Go network of AlphaGo Zero and ELF OpenGo: a residual tower with a policy head and a value head.
+
+Input: ``hpc_rl.envs.go.input_planes`` (``NUM_PLANES`` planes of the board seen by the player to move). A 3x3
+convolution stem, ``blocks`` residual blocks (two 3x3 convolutions of ``filters`` channels with batch norm, the input
+added before the second ReLU), then
+- the policy head: a 1x1 convolution to 2 channels, batch norm, ReLU, a linear layer to the size^2 + 1 move logits
+  (pass last, as the engine's actions);
+- the value head: a 1x1 convolution to 1 channel, batch norm, ReLU, a hidden linear layer of ``filters`` units (256
+  in AlphaGo Zero, where filters are 256), ReLU, a linear layer to one output, tanh: the expected outcome for the
+  player to move.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpc_rl.envs.go import NUM_PLANES
+from hpc_rl.model.config import GoNetConfig
+
+
+def _conv_bn(c_in: int, c_out: int, kernel: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(c_in, c_out, kernel, padding=kernel // 2, bias=False), nn.BatchNorm2d(c_out))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, filters: int):
+        super().__init__()
+        self.a, self.b = _conv_bn(filters, filters, 3), _conv_bn(filters, filters, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.b(F.relu(self.a(x))))
+
+
+class GoNet(nn.Module):
+    """(B, NUM_PLANES, size, size) planes → (move logits (B, size^2 + 1), value (B,) in [-1, 1])."""
+
+    def __init__(self, config: GoNetConfig, board_size: int):
+        super().__init__()
+        self.config, self.board_size = config, board_size
+        points, f = board_size * board_size, config.filters
+        self.stem = _conv_bn(NUM_PLANES, f, 3)
+        self.tower = nn.Sequential(*(ResidualBlock(f) for _ in range(config.blocks)))
+        self.policy_conv = _conv_bn(f, 2, 1)
+        self.policy_fc = nn.Linear(2 * points, points + 1)
+        self.value_conv = _conv_bn(f, 1, 1)
+        self.value_fc = nn.Sequential(nn.Linear(points, f), nn.ReLU(), nn.Linear(f, 1))
+
+    def forward(self, planes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.tower(F.relu(self.stem(planes)))
+        logits = self.policy_fc(F.relu(self.policy_conv(x)).flatten(1))
+        value = torch.tanh(self.value_fc(F.relu(self.value_conv(x)).flatten(1))).squeeze(1)
+        return logits, value
+
+
+def alphazero_loss(logits: torch.Tensor, value: torch.Tensor, pi: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """AlphaGo Zero's loss without its L2 term (the optimiser's weight decay): (z - v)^2 - pi . log p, batch mean."""
+    return ((z - value) ** 2).mean() - (pi * F.log_softmax(logits, dim=1)).sum(1).mean()
+
+
+class NetEvaluator:
+    """``evaluate(planes, legal) -> (priors, values)`` for ``PUCTSearch``: the network in eval mode (batch norm's
+    running statistics, so a position's evaluation does not depend on its batch), softmax over the legal moves."""
+
+    def __init__(self, net: GoNet):
+        self.net = net.eval()
+
+    def __call__(self, planes: np.ndarray, legal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with torch.inference_mode():
+            logits, value = self.net(torch.from_numpy(planes))
+            priors = torch.softmax(logits.masked_fill(~torch.from_numpy(legal), -torch.inf), dim=1)
+        return priors.numpy(), value.numpy()

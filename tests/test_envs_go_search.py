@@ -1,0 +1,252 @@
+"""The batched PUCT search (``hpc_rl.envs.go_search``): its maths against slow references, its trees against a slow
+pure-Python PUCT search, a won ending found, batching that changes no game's moves, and resignation's calibration."""
+
+import math
+
+import numpy as np
+import pytest
+
+from hpc_rl.envs.go import NUM_PLANES, GoGames, input_planes
+from hpc_rl.envs.go_search import (COUNT, FIRST, PRIOR, VALUE_SUM, VISITS, PUCTConfig, PUCTSearch, add_virtual_loss,
+                                   backup, mix_noise, play_games, puct_score, resign_false_positives, visit_policy)
+
+
+class LinearEvaluator:
+    """A fixed function of each position alone: integer weights on the planes (exact, so a position's priors and value
+    do not depend on the rows beside it in a batch); priors unnormalised (the search renormalises over legal moves)."""
+
+    def __init__(self, size, seed=0):
+        rng = np.random.default_rng(seed)
+        self.w = rng.integers(-3, 4, size=(NUM_PLANES * size * size, size * size + 1))
+        self.wv = rng.integers(-3, 4, size=NUM_PLANES * size * size)
+
+    def __call__(self, planes, legal):
+        x = planes.reshape(len(planes), -1).astype(np.int64)
+        return np.exp((x @ self.w) / 8.0) * legal, np.tanh((x @ self.wv) / 16.0)
+
+
+def uniform_zero(planes, legal):
+    return legal.astype(np.float64), np.zeros(len(planes))
+
+
+# --- the maths against slow references ------------------------------------------------------------------------------
+
+def test_puct_score_is_agz_formula():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        w, n, p, parent, c = rng.normal(), float(rng.integers(0, 9)), rng.random(), float(rng.integers(1, 30)), 1.5
+        q = w / n if n > 0 else 0.0
+        assert puct_score(w, n, p, parent, c) == pytest.approx(q + c * p * math.sqrt(parent) / (1 + n), abs=1e-12)
+    assert puct_score(5.0, 0.0, 0.5, 4.0, 1.0) == pytest.approx(0.5 * 2)  # unvisited: Q = 0
+
+
+def test_virtual_loss_then_backup_is_one_visit_of_alternating_sign():
+    rng = np.random.default_rng(1)
+    nf = rng.normal(size=(6, 3))
+    nf[:, VISITS] = rng.integers(1, 9, size=6)
+    path, depth, value, vl = np.array([0, 2, 3, 5]), 3, 0.4, 1.0
+    before, expected = nf.copy(), nf.copy()
+    for i, node in enumerate(path):  # the leaf (depth 3) was moved into by the opponent of its player to move
+        expected[node, VISITS] += 1
+        expected[node, VALUE_SUM] += value * (-1) ** (depth - i + 1)
+    for node in path:
+        add_virtual_loss(nf, node, vl)
+    np.testing.assert_allclose(nf[path], before[path] + [0, vl, -vl])  # in flight: a lost visit on every node
+    backup(nf, path, depth, value, vl)
+    np.testing.assert_allclose(nf, expected, atol=1e-12)
+
+
+def test_visit_policy_and_noise_mixing():
+    visits = np.array([[0, 3, 1, 6], [2, 2, 0, 0]], dtype=float)
+    for t in (1.0, 0.5, 2.0):
+        ref = [[n ** (1 / t) / sum(m ** (1 / t) for m in row) for n in row] for row in visits]
+        np.testing.assert_allclose(visit_policy(visits, t), ref)
+    assert visit_policy(visits, 0).tolist() == [[0, 0, 0, 1], [1, 0, 0, 0]]  # the first of equals
+    assert visit_policy(np.array([1e300, 1e300]), 0.1).tolist() == [0.5, 0.5]  # no overflow
+    assert mix_noise(0.2, 0.6, 0.25) == pytest.approx(0.75 * 0.2 + 0.25 * 0.6)
+
+
+def test_root_priors_are_mixed_with_the_games_dirichlet_noise():
+    cfg = PUCTConfig(simulations=2, dirichlet_alpha=0.3, dirichlet_weight=0.25)
+    games = GoGames(2, 5)
+    games.step([12, 0])
+    search = PUCTSearch(cfg, [5, 6], board_size=5)
+    search.start(games, [0, 1])
+    planes, legal = search.select()
+    priors, values = LinearEvaluator(5)(planes, legal)
+    search.expand_and_backup(priors, values)
+    for g, seed in enumerate([5, 6]):
+        moves = np.flatnonzero(legal[g])
+        noise = np.random.default_rng(seed).dirichlet(np.full(len(moves), 0.3))
+        p = priors[g, moves] / priors[g, moves].sum()
+        root = search.roots[g]
+        first, count = search._ni[root, FIRST], search._ni[root, COUNT]
+        np.testing.assert_allclose(search._nf[first:first + count, PRIOR], 0.75 * p + 0.25 * noise)
+
+
+# --- the search against a slow pure-Python PUCT search ---------------------------------------------------------------
+
+class Node:
+    def __init__(self, prior):
+        self.prior, self.n, self.w, self.children = prior, 0.0, 0.0, None
+
+
+def reference_search(evaluate, games, row, sims, k, c_puct, vl):
+    """PUCT written out node by node: per step, up to ``k`` descents each under the virtual loss of the ones before,
+    then the leaves evaluated and backed up in order; the root's visits by action."""
+    root, done = Node(0.0), 0
+    while done < sims:
+        count = 1 if root.children is None else min(k, sims - done)
+        paths = []
+        for _ in range(count):
+            node, path, acts = root, [root], []
+            while node.children:
+                best, best_score = None, -math.inf
+                for a, child in node.children.items():
+                    q = child.w / child.n if child.n > 0 else 0.0
+                    score = q + c_puct * child.prior * math.sqrt(node.n) / (1.0 + child.n)
+                    if score > best_score:
+                        best, best_score = (a, child), score
+                acts.append(best[0])
+                node = best[1]
+                path.append(node)
+            for nd in path:
+                nd.n += vl
+                nd.w -= vl
+            paths.append((path, acts))
+        done += count
+        results = []
+        for path, acts in paths:
+            g = games.clone([row])
+            for a in acts:
+                g.step([a])
+            if g.terminal[0]:
+                results.append((path, g.returns()[0, g.to_play[0]], None))
+            else:
+                legal = g.legal_mask()
+                p, v = evaluate(input_planes(g, [0], legal), legal)
+                results.append((path, float(v[0]), (legal[0], p[0].astype(np.float64))))
+        for path, value, ev in results:
+            leaf = path[-1]
+            if ev is not None and leaf.children is None:
+                legal, p = ev
+                moves = np.flatnonzero(legal)
+                total = 0.0
+                for a in moves:
+                    total += p[a]
+                leaf.children = {int(a): Node(p[a] / total) for a in moves}
+            v = -value
+            for nd in reversed(path):
+                nd.n += 1.0 - vl
+                nd.w += v + vl
+                v = -v
+    visits = np.zeros(games.num_actions)
+    for a, child in root.children.items():
+        visits[a] = child.n
+    return visits
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_search_trees_match_a_slow_reference(k):
+    """The same root visits as the reference, move after move of a game on 5x5 (deep enough to reach ends), with
+    several leaves per game in flight under virtual loss when k > 1."""
+    evaluate = LinearEvaluator(5, seed=k)
+    cfg = PUCTConfig(simulations=40, leaves_per_game=k, dirichlet_weight=0.0, temperature=0.0)
+    games = GoGames(1, 5, max_game_length=14)
+    search = PUCTSearch(cfg, [0], board_size=5, max_game_length=14)
+    moves = 0
+    while not games.terminal[0]:
+        choice = search.search(games, [0], evaluate)
+        visits = reference_search(evaluate, games, 0, cfg.simulations, k, cfg.c_puct, cfg.virtual_loss)
+        np.testing.assert_allclose(choice.pi[0], visits / visits.sum(), rtol=1e-6)
+        assert choice.actions[0] == visits.argmax()
+        games.step(choice.actions)
+        moves += 1
+    assert moves >= 6
+
+
+def test_uniform_prior_zero_value_search_finds_the_one_winning_capture():
+    """The move limit ends the game after black's next move; only taking white's four stones in atari wins it."""
+    s, limit = 5, 11
+    games = GoGames(1, s, max_game_length=limit)
+    for move in [5, 0, 6, 1, 7, 2, 8, 3, 9, 24]:  # black row 1, white row 0 in atari at (0, 4), white's last at (4, 4)
+        games.step([move])
+    winning = []
+    for a in np.flatnonzero(games.legal_mask()[0]):
+        after = games.clone()
+        after.step([a])
+        assert after.terminal[0]
+        if after.returns()[0, 0] > 0:
+            winning.append(a)
+    assert winning == [4]
+    cfg = PUCTConfig(simulations=60, dirichlet_weight=0.0, temperature=0.0, leaves_per_game=4)
+    choice = PUCTSearch(cfg, [0], board_size=s, max_game_length=limit).search(games, [0], uniform_zero)
+    assert choice.actions[0] == 4 and choice.pi[0, 4] > 0.5 and choice.values[0] == 1.0
+    assert games.move_number[0] == 10  # not changed by the search
+
+
+# --- batching and self-play -------------------------------------------------------------------------------------------
+
+def test_games_searched_together_play_as_each_alone():
+    """Noise, sampled moves (temperature 1) and several leaves in flight: each game's record is the same whether
+    it is played in a batch of four or alone with its seed."""
+    evaluate = LinearEvaluator(5, seed=3)
+    cfg = PUCTConfig(simulations=12, leaves_per_game=2, dirichlet_alpha=0.3, resign_threshold=None)
+    seeds = [10, 11, 12, 13]
+    together = play_games(evaluate, seeds, board_size=5, config=cfg, max_game_length=16)
+    for seed, record in zip(seeds, together):
+        alone = play_games(evaluate, [seed], board_size=5, config=cfg, max_game_length=16)[0]
+        assert np.array_equal(alone.actions, record.actions) and np.array_equal(alone.pi, record.pi)
+        assert np.array_equal(alone.planes, record.planes) and alone.winner == record.winner
+    assert len({tuple(r.actions) for r in together}) == len(seeds)  # the seeds made different games
+    r = together[0]
+    assert r.planes.shape == (len(r.z), NUM_PLANES, 5, 5) and r.pi.shape == (len(r.z), 26)
+    np.testing.assert_allclose(r.pi.sum(1), 1.0, rtol=1e-6)
+    assert set(r.z.tolist()) <= {-1.0, 0.0, 1.0} and (r.to_play == np.arange(len(r.z)) % 2).all()
+
+
+def black_is_lost(planes, legal):
+    """Uniform priors; every position lost for black (plane 3: black to play)."""
+    return legal.astype(np.float64), np.where(planes[:, 3, 0, 0] == 1, -1.0, 1.0)
+
+
+def test_resignation_and_its_calibration_share():
+    """Black resigns at once where it may; the calibration games (their share drawn per game) play on and record
+    that black would have resigned."""
+    cfg = PUCTConfig(simulations=4, resign_threshold=-0.8, resign_playout_share=0.25)
+    seeds = range(200)
+    records = play_games(black_is_lost, seeds, board_size=5, config=cfg, max_game_length=6)
+    playout = np.array([r.playout for r in records])
+    assert playout.tolist() == [np.random.default_rng([s, 1]).random() < 0.25 for s in seeds]
+    assert 30 <= playout.sum() <= 70  # Binomial(200, 0.25): mean 50, sd 6
+    for r in records:
+        if r.playout:
+            assert not r.resigned and r.would_resign == 0 and len(r.z) >= 2
+        else:
+            assert r.resigned and r.winner == 1 and len(r.z) == 1 and r.z.tolist() == [-1.0]
+    false_positives, would = resign_false_positives(records)
+    assert would == playout.sum()
+    assert false_positives == sum(r.winner != 1 for r in records if r.playout)
+
+
+def test_bad_settings_and_calls_are_refused():
+    with pytest.raises(ValueError, match="simulations"):
+        PUCTConfig(simulations=1)
+    with pytest.raises(ValueError, match="dirichlet_weight"):
+        PUCTConfig(dirichlet_weight=1.5)
+    with pytest.raises(ValueError, match="resign_threshold"):
+        PUCTConfig(resign_threshold=-2)
+    search = PUCTSearch(PUCTConfig(simulations=4), [0, 1], board_size=5)
+    games = GoGames(2, 5)
+    with pytest.raises(RuntimeError, match="start"):
+        search.select()
+    with pytest.raises(ValueError, match="board size"):
+        search.start(GoGames(2, 7), [0])
+    search.start(games, [0, 1])
+    planes, legal = search.select()
+    with pytest.raises(ValueError, match="priors"):
+        search.expand_and_backup(np.ones((1, 26)), np.zeros(1))
+    with pytest.raises(ValueError, match="values"):
+        search.expand_and_backup(np.ones(legal.shape), np.full(2, 2.0))
+    with pytest.raises(ValueError, match="illegal"):
+        games.play_sequences([0], [[3, 3]], [2])

@@ -1,0 +1,69 @@
+"""The Go network (``hpc_rl.model.go_net``) and its input planes (``hpc_rl.envs.go.input_planes``)."""
+
+import numpy as np
+import pytest
+import torch
+
+from hpc_rl.envs.go import BLACK, EMPTY, NUM_PLANES, WHITE, GoGames, input_planes
+from hpc_rl.model.config import GoNetConfig
+from hpc_rl.model.go_net import GoNet, NetEvaluator, alphazero_loss
+
+
+def test_planes_show_the_board_to_the_player_to_move():
+    s = 5
+    games = GoGames(2, s)
+    # Game 0: one black stone. Game 1: the ko of tests/test_envs_go.py, black having just taken at (1, 1) (point 6).
+    ko = [1, 2, 5, 8, 11, 12, 24, 6, 7]
+    games.play_sequences([0, 1], [[12] + [0] * 8, ko], [1, 9])
+    assert games.to_play.tolist() == [1, 1]  # white to play in both
+    planes = input_planes(games, [0, 1])
+    assert planes.shape == (2, NUM_PLANES, s, s) and planes.dtype == np.float32
+    board = games.boards()
+    assert planes[0, 0].sum() == 0 and planes[0, 1].sum() == 1 and planes[0, 1, 2, 2] == 1  # the opponent's stone
+    np.testing.assert_array_equal(planes[1, 0], board[1] == WHITE)
+    np.testing.assert_array_equal(planes[1, 1], board[1] == BLACK)
+    assert board[1].ravel()[6] == EMPTY and planes[1, 2].ravel()[6] == 0  # empty, but the ko point
+    np.testing.assert_array_equal(planes[:, 2].reshape(2, -1), games.legal_mask()[:, :-1])
+    assert not planes[:, 3].any() and planes[:, 4].all()
+    games.step([3, 3])
+    assert input_planes(games, [1])[0, 3].all()  # black to play
+    np.testing.assert_array_equal(input_planes(games, [1])[0, 0], games.boards()[1] == BLACK)
+
+
+def test_shapes_and_evaluator():
+    torch.manual_seed(0)
+    net = GoNet(GoNetConfig(blocks=2, filters=8), board_size=5)
+    games = GoGames(3, 5)
+    games.step([0, 6, 24])
+    legal = games.legal_mask()
+    legal[1, 3] = False
+    logits, value = net(torch.from_numpy(input_planes(games, [0, 1, 2])))
+    assert logits.shape == (3, 26) and value.shape == (3,) and (value.abs() <= 1).all()
+    priors, values = NetEvaluator(net)(input_planes(games, [0, 1, 2]), legal)
+    assert priors.shape == (3, 26) and values.shape == (3,)
+    assert (priors[~legal] == 0).all() and np.allclose(priors.sum(1), 1, atol=1e-6)
+    with pytest.raises(ValueError, match="blocks"):
+        GoNetConfig(blocks=-1)
+
+
+def test_a_tiny_net_learns_a_few_positions():
+    """AlphaGo Zero's loss falls as the net fits the policy and value targets of 16 positions."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    games = GoGames(16, 5)
+    for _ in range(6):
+        mask = games.legal_mask()
+        games.step([rng.choice(np.flatnonzero(m[:-1])) for m in mask])
+    planes = torch.from_numpy(input_planes(games, range(16)))
+    pi = torch.from_numpy(rng.dirichlet(np.full(26, 0.3), size=16).astype(np.float32))
+    z = torch.from_numpy(rng.choice([-1.0, 1.0], size=16).astype(np.float32))
+    net = GoNet(GoNetConfig(blocks=1, filters=8), board_size=5)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3, weight_decay=1e-4)
+    losses = []
+    for _ in range(30):
+        loss = alphazero_loss(*net(planes), pi, z)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
