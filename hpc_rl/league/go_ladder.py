@@ -1,9 +1,9 @@
 """Go evaluation as ELF OpenGo's: a ladder of fixed opponents played out, then Elo and Nash averaging over it.
 
-    results = play_ladder(["random", "rollout:sims=200", "mctsbot:sims=200"], "out/results.json", board_size=9,
-                          komi=7.5, games_per_pair=20, seed=0)        # every pair, colours alternating; resumable
-    ratings = rate_tournament(tournament_of(results, players), anchor="random")   # hpc_rl.league.tournament
-    evaluation = commit_evaluation(out_dir, results, players, strength=("rollout:sec=0.1", "mctsbot:sec=0.1"))
+    players = ["random", "rollout:sec=0.1", "mctsbot:sec=0.1"]
+    results = play_ladder(players, "out/results.json", board_size=9, komi=7.5, games_per_pair=20, seed=0)
+    ratings = rate_tournament(tournament_of(results, players, 20), anchor="random")   # hpc_rl.league.tournament
+    evaluation = commit_evaluation("out", results, players, 20, strength=("rollout:sec=0.1", "mctsbot:sec=0.1"))
 
 Every pair of players (``hpc_rl.league.go_players`` specs) plays ``games_per_pair`` games; in game ``g`` of a pair the
 first of the two names in sorted order plays black when ``g`` is even. The game's seeds come from ``pair_seed`` (the
