@@ -1,5 +1,6 @@
 """`python -m hpc_rl.bench go` on a tiny setting: every searcher searched the same positions, the guided search ran
-its simulations, the figures are present and sane, the match is counted (no timing asserted)."""
+its simulations, the figures are present and sane, the match is counted, no strength is reported without a
+committed evaluation (no timing asserted)."""
 
 from argparse import Namespace
 
@@ -9,11 +10,12 @@ from hpc_rl.bench import go as bench
 
 ARGS = dict(board_size=5, positions=2, opening_moves=(2, 6), simulations=20, rollouts=2, uct_c=2.0,
             python_positions=1, match_games=2, seed=0, guided_games=3, guided_moves=1, guided_simulations=4,
-            guided_leaves=2, guided_blocks=1, guided_filters=8)
+            guided_leaves=2, guided_blocks=1, guided_filters=8, evaluation="no-such-dir")
 
 
-def test_go_bench_measures_all_three_searches_and_plays_the_match():
-    r = bench.run(Namespace(**ARGS))
+def test_go_bench_measures_all_three_searches_and_plays_the_match(tmp_path):
+    r = bench.run(Namespace(**{**ARGS, "evaluation": str(tmp_path)}))
+    assert r["strength"] is None and "no committed evaluation" in r["strength_source"]
     assert r["positions"] == 2 and all(2 <= n < 6 for n in r["opening_moves"])
     assert r["ours_simulations"] == 2 * 20  # no root is solved this early
     for key in ("rollout_mcts_sims_per_s", "openspiel_cpp_mcts_sims_per_s", "openspiel_mcts_sims_per_s",

@@ -14,10 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # What the base tier promises (README, "Install tiers"), the scripts run from a checkout included.
 BASE_MODULES = ["hpc_rl.storage", "hpc_rl.storage.tensorboard", "hpc_rl.evaluation", "hpc_rl.config",
                 "hpc_rl.envs.moba", "hpc_rl.envs.go", "hpc_rl.envs.go_search", "hpc_rl.envs.scripted",
-                "hpc_rl.envs.gym_adapter", "hpc_rl.envs.render", "hpc_rl.play", "hpc_rl.actors", "hpc_rl.study", "hpc_rl.league.ratings", "hpc_rl.league.tournament",
+                "hpc_rl.envs.gym_adapter", "hpc_rl.envs.render", "hpc_rl.play", "hpc_rl.actors", "hpc_rl.study",
+                "hpc_rl.league.ratings", "hpc_rl.league.tournament", "hpc_rl.league.go_players", "hpc_rl.league.go_ladder",
                 "hpc_rl.roles.console", "hpc_rl.transport", "hpc_rl.launch"]
 BASE_SCRIPTS = sorted(str(p) for p in (ROOT / "analysis").glob("*.py")) + [str(ROOT / "jobs" / "evaluate.py"),
-                                                                             str(ROOT / "jobs" / "tournament.py")]
+                                                                             str(ROOT / "jobs" / "tournament.py"),
+                                                                             str(ROOT / "jobs" / "go_ladder.py")]
 # The other tiers' packages: the MPI tier's, Horovod, and the cluster tier's.
 NOT_IN_BASE = ("mpi4py", "horovod", "submitit", "hydra_plugins.hydra_submitit_launcher")
 

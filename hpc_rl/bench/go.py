@@ -33,6 +33,11 @@ cost.
 
 ``--match-games N`` (default 0) adds a strength check: ours against the C++ bot at equal simulations, N games,
 colours alternating, from the empty board (``match``: wins, losses and draws of ours).
+
+``strength`` is read, not played: the record of the latest committed evaluation in ``--evaluation`` (default
+``runs/go-ladder``, where ``jobs/go_ladder.py`` commits ``evaluation.json``): ``{agent, opponent, games, wins,
+win_rate, ci95}``, or null when none is committed or it rated no agent; ``strength_source`` names the file, or says
+why there is none.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from hpc_rl.envs.go import GoGames, RolloutMCTS  # noqa: E402
+from hpc_rl.league.go_ladder import latest_strength  # noqa: E402
 
 KOMI = 7.5
 
@@ -69,6 +75,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--guided-leaves", type=int, default=1, help="leaves in flight per game and step")
     parser.add_argument("--guided-blocks", type=int, default=6, help="residual blocks of the network")
     parser.add_argument("--guided-filters", type=int, default=64, help="filters of the network")
+    parser.add_argument("--evaluation", default="runs/go-ladder",
+                        help="directory of the committed evaluation that `strength` reports (jobs/go_ladder.py --out)")
 
 
 def check_arguments(args) -> None:
@@ -254,6 +262,7 @@ def run(args) -> dict:
                        "rollout_mcts_sims_per_s_on_python_positions": ours_subset,
                        "ours_vs_openspiel_python": ours_subset / python_rate})
     result.update(guided_search(args))
+    result["strength"], result["strength_source"] = latest_strength(args.evaluation)
     if args.match_games:
         result["match"] = play_match(game, size, args.match_games, args.simulations, args.rollouts, args.uct_c,
                                      args.seed)

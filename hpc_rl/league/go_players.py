@@ -1,0 +1,225 @@
+"""Go players for evaluation: one interface, built from spec strings, so a ladder names its players on a command line.
+
+    player = make_player("mctsbot:sims=1000", board_size=9, komi=7.5, seed=0)
+    action = player.choose(games, row, moves)     # games: GoGames; moves: the actions played so far in that game
+
+Specs are ``kind`` or ``kind:key=value,...``; the kinds (``PLAYER_KINDS``; a new player is one entry):
+
+- ``random``: a uniformly random legal action (pass included), OpenSpiel's uniform random bot;
+- ``rollout:sims=N`` / ``rollout:sec=S``: our compiled random-rollout UCT search (``hpc_rl.envs.go.RolloutMCTS``);
+- ``mctsbot:sims=N`` / ``mctsbot:sec=S``: OpenSpiel's C++ ``MCTSBot`` with its ``RandomRolloutEvaluator`` through
+  pyspiel, its state replayed from the game's moves.
+
+Both searches take ``uct_c`` (default 2) and ``rollouts`` (random playouts per leaf, default 1), and either a fixed
+``sims`` per move or ``sec``, wall-clock seconds per move (ELF OpenGo compares players at equal time per move). At
+``sec``, each move's search runs a fixed number of simulations set from the player's own rate on its previous move
+(simulations per second, measured; ``Pace``), and on its first move from a probe search of ``PROBE_SIMULATIONS``
+whose time counts against that move. One rule for both searches, because neither can be stopped by a clock safely:
+``RolloutMCTS`` runs in one compiled call that cannot read one, and the C++ ``MCTSBot``'s own deadline (pyspiel's
+``max_wall_clock_time``) crashes the process (a segmentation fault in OpenSpiel 2.0.2) when it passes before the
+bot's second simulation has expanded the root, which a loaded machine's scheduler makes happen at 0.05 s a move.
+The rate follows the machine's load and the game's phase (playouts shorten as the board fills) with one move's lag;
+the ladder records the seconds each player actually spent per move, so how equal the times were is measured, not
+assumed.
+
+Games at fixed ``sims`` are reproducible from their seeds; games at equal time are not (how many simulations fit
+depends on the machine and its load).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from hpc_rl.envs.go import GoGames, RolloutMCTS
+
+PROBE_SIMULATIONS = 64  # a time-limited RolloutMCTS's first search, which measures its rate
+MIN_SIMULATIONS = 2  # RolloutMCTS expands the root on its second simulation
+
+
+class GoPlayer(Protocol):
+    """Chooses a move for one game position. ``name`` is its spec (its identity in a ladder's results);
+    ``simulations``: searched so far over all its moves (0 for a player that does not search)."""
+
+    name: str
+    simulations: int
+
+    def choose(self, games: GoGames, row: int, moves: Sequence[int]) -> int:
+        """A legal action for game ``row`` of ``games`` (unfinished; not changed); ``moves``: every action played
+        in that game so far, from the empty board (a player that keeps its own state replays them)."""
+        ...
+
+
+class RandomPlayer:
+    def __init__(self, name: str, seed: int):
+        self.name, self.simulations = name, 0
+        self.rng = np.random.default_rng(seed)
+
+    def choose(self, games: GoGames, row: int, moves: Sequence[int]) -> int:
+        return int(self.rng.choice(np.flatnonzero(games.legal_mask()[row])))
+
+
+class Pace:
+    """Searches of ``seconds`` each, as fixed simulation counts: the count from the rate measured on the previous
+    search, the first one after a probe of ``PROBE_SIMULATIONS``."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.rate: float | None = None  # simulations per second
+
+    def _timed(self, search: Callable[[int], tuple[int, int]], sims: int) -> tuple[int, float]:
+        start = time.perf_counter()
+        action, done = search(sims)
+        elapsed = time.perf_counter() - start
+        if done == sims or self.rate is None:  # a search stopped early by a solved root says little of the rate
+            self.rate = done / max(elapsed, 1e-9)
+        return action, elapsed
+
+    def choose(self, search: Callable[[int], tuple[int, int]]) -> int:
+        """``search(sims) -> (action, simulations run)`` run within about ``seconds``; its action."""
+        left = self.seconds
+        if self.rate is None:
+            left -= self._timed(search, PROBE_SIMULATIONS)[1]
+        return self._timed(search, max(MIN_SIMULATIONS, int(self.rate * left)))[0]
+
+
+class RolloutPlayer:
+    """``RolloutMCTS`` at ``sims`` simulations a move, or paced to ``seconds`` a move."""
+
+    def __init__(self, name: str, seed: int, uct_c: float, rollouts: int, sims: int | None, seconds: float | None):
+        self.name = name
+        self.search = RolloutMCTS(uct_c, sims or MIN_SIMULATIONS, rollouts, seed=seed)
+        self.pace = Pace(seconds) if seconds is not None else None
+
+    @property
+    def simulations(self) -> int:
+        return self.search.simulations
+
+    def choose(self, games: GoGames, row: int, moves: Sequence[int]) -> int:
+        if self.pace is None:
+            return self.search.step(games, row)
+
+        def search(sims: int) -> tuple[int, int]:
+            self.search.max_simulations = sims
+            before = self.search.simulations
+            return self.search.step(games, row), self.search.simulations - before
+
+        return self.pace.choose(search)
+
+
+class MCTSBotPlayer:
+    """OpenSpiel's C++ ``MCTSBot`` (random rollouts, solving on) on a pyspiel state replayed from the moves, at
+    ``sims`` simulations a move or paced to ``seconds`` a move. pyspiel hides the bot's tree: simulations are
+    counted as asked (a root with one legal action would stop it after one)."""
+
+    def __init__(self, name: str, seed: int, board_size: int, komi: float, uct_c: float, rollouts: int,
+                 sims: int | None, seconds: float | None):
+        import pyspiel
+
+        self.name, self.simulations = name, 0
+        self.game = pyspiel.load_game("go", {"board_size": board_size, "komi": komi})
+        self.seed = seed % 2**31  # pyspiel takes a C int
+        self.uct_c, self.rollouts = uct_c, rollouts
+        self.sims = sims
+        self.bot = self._bot(sims, self.seed) if sims is not None else None
+        self.pace = Pace(seconds) if seconds is not None else None
+        self.state = self.game.new_initial_state()
+        self.moves: list[int] = []
+
+    def _bot(self, sims: int, seed: int):
+        import pyspiel
+
+        return pyspiel.MCTSBot(self.game, pyspiel.RandomRolloutEvaluator(self.rollouts, seed), self.uct_c, sims,
+                               1000, True, seed, False)
+
+    def state_after(self, moves: Sequence[int]):
+        """The pyspiel state after ``moves``: the kept state advanced when ``moves`` extends what it has seen (one
+        game, move by move), replayed from the empty board otherwise."""
+        moves = list(moves)
+        if moves[:len(self.moves)] != self.moves:
+            self.state, self.moves = self.game.new_initial_state(), []
+        for action in moves[len(self.moves):]:
+            self.state.apply_action(action)
+        self.moves = moves
+        return self.state
+
+    def choose(self, games: GoGames, row: int, moves: Sequence[int]) -> int:
+        state = self.state_after(moves)
+        if state.is_terminal() or state.current_player() != int(games.to_play[row]):
+            raise ValueError(f"{self.name}: the {len(moves)} moves given do not lead to game {row}'s position")
+
+        def search(sims: int, bot=None) -> tuple[int, int]:
+            # A paced search is a new bot of its count, its stream seeded by the move and the search's count.
+            if bot is None:
+                bot = self._bot(sims, (self.seed + 1_000_003 * len(moves) + sims) % 2**31)
+            self.simulations += sims
+            return int(bot.step(state)), sims
+
+        if self.pace is None:
+            return search(self.sims, self.bot)[0]
+        return self.pace.choose(search)
+
+
+@dataclass(frozen=True)
+class PlayerKind:
+    """How to build one kind of player: ``make(name, options, board_size, komi, seed)``; ``options``: the keys its
+    spec takes, each with its parser."""
+
+    make: Callable[..., GoPlayer]
+    options: dict[str, Callable[[str], object]]
+
+
+def _search_settings(kind: str, options: dict) -> tuple[float, int, int | None, float | None]:
+    if ("sims" in options) == ("sec" in options):
+        raise ValueError(f"{kind}: give exactly one of sims=N (simulations a move) and sec=S (seconds a move)")
+    sims, seconds = options.get("sims"), options.get("sec")
+    if sims is not None and sims < MIN_SIMULATIONS:
+        raise ValueError(f"{kind}: sims must be >= {MIN_SIMULATIONS}, got {sims}")
+    if seconds is not None and not seconds > 0:
+        raise ValueError(f"{kind}: sec must be > 0, got {seconds}")
+    if options.get("rollouts", 1) < 1:
+        raise ValueError(f"{kind}: rollouts must be >= 1, got {options['rollouts']}")
+    return options.get("uct_c", 2.0), options.get("rollouts", 1), sims, seconds
+
+
+SEARCH_OPTIONS = {"sims": int, "sec": float, "uct_c": float, "rollouts": int}
+
+PLAYER_KINDS: dict[str, PlayerKind] = {
+    "random": PlayerKind(lambda name, options, size, komi, seed: RandomPlayer(name, seed), {}),
+    "rollout": PlayerKind(lambda name, options, size, komi, seed: RolloutPlayer(
+        name, seed, *_search_settings("rollout", options)), SEARCH_OPTIONS),
+    "mctsbot": PlayerKind(lambda name, options, size, komi, seed: MCTSBotPlayer(
+        name, seed, size, komi, *_search_settings("mctsbot", options)), SEARCH_OPTIONS),
+}
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``kind:key=value,...`` -> (kind, {key: parsed value}); ValueError naming the spec and what is wrong."""
+    kind, _, rest = spec.strip().partition(":")
+    if kind not in PLAYER_KINDS:
+        raise ValueError(f"player {spec!r}: unknown kind {kind!r}; kinds: {', '.join(PLAYER_KINDS)}")
+    allowed = PLAYER_KINDS[kind].options
+    options: dict = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or key not in allowed:
+            raise ValueError(f"player {spec!r}: {item!r} is not key=value with a key among "
+                             f"{', '.join(allowed) or '(none)'}")
+        try:
+            options[key] = allowed[key](value)
+        except ValueError as err:
+            raise ValueError(f"player {spec!r}: {key}={value!r} is not a {allowed[key].__name__}") from err
+    return kind, options
+
+
+def make_player(spec: str, board_size: int, komi: float, seed: int) -> GoPlayer:
+    """The player a spec names, seeded; its ``name`` is the spec as given (stripped)."""
+    kind, options = parse_spec(spec)
+    try:
+        return PLAYER_KINDS[kind].make(spec.strip(), options, board_size, komi, seed)
+    except ValueError as err:
+        raise ValueError(f"player {spec!r}: {err}") from err

@@ -1,0 +1,190 @@
+"""The Go evaluation ladder (hpc_rl/league/go_players.py, go_ladder.py, jobs/go_ladder.py): players of every kind
+choose legal moves, OpenSpiel's MCTSBot sees our game's position, a tiny 5x5 ladder resumes without replaying, its
+ratings are the ratings code's own on the same games, and the go benchmark reports the committed strength."""
+
+import json
+from argparse import Namespace
+
+import numpy as np
+import pytest
+
+from hpc_rl.envs.go import GoGames
+from hpc_rl.league import go_ladder
+from hpc_rl.league.go_players import MCTSBotPlayer, make_player, parse_spec
+from hpc_rl.league.ratings import elo_from_results, nash_average
+from hpc_rl.league.tournament import pair_seed
+
+SIZE, KOMI = 5, 7.5
+KINDS = ["random", "rollout:sims=8", "rollout:sec=0.002,uct_c=1.5", "mctsbot:sims=8,rollouts=2", "mctsbot:sec=0.002"]
+
+
+def random_game(seed: int, length: int) -> list[int]:
+    rng, games, moves = np.random.default_rng(seed), GoGames(1, SIZE, KOMI), []
+    while len(moves) < length and not games.terminal[0]:  # stones while any is legal, then a pass
+        stones = np.flatnonzero(games.legal_mask()[0, :-1])
+        moves.append(int(rng.choice(stones)) if len(stones) else games.pass_action)
+        games.step(moves[-1:])
+    return moves
+
+
+def replay(moves) -> GoGames:
+    games = GoGames(1, SIZE, KOMI)
+    for a in moves:
+        games.step([a])
+    return games
+
+
+@pytest.mark.parametrize("spec", KINDS)
+def test_every_kind_of_player_chooses_legal_moves(spec):
+    player = make_player(spec, SIZE, KOMI, seed=3)
+    assert player.name == spec
+    for length in (0, 6, 14):  # positions of one game, in order, as a ladder asks
+        moves = random_game(11, length)
+        games = replay(moves)
+        action = player.choose(games, 0, moves)
+        assert games.legal_mask()[0, action], (spec, moves, action)
+
+
+def test_mctsbot_sees_our_position_move_for_move_and_after_a_jump_to_another_game():
+    player = make_player("mctsbot:sims=4", SIZE, KOMI, seed=0)
+    assert isinstance(player, MCTSBotPlayer)
+    for seed in (1, 2):  # the second game does not extend the first: its state is replayed from the empty board
+        moves = random_game(seed, 40)
+        for k in range(len(moves) + 1):
+            state, ours = player.state_after(moves[:k]), replay(moves[:k])
+            planes = np.array(state.observation_tensor()).reshape(4, SIZE, SIZE)  # black, white, empty, to play
+            board = ours.boards()[0]
+            assert np.array_equal(planes[0] == 1, board == 1) and np.array_equal(planes[1] == 1, board == 2), k
+            assert state.is_terminal() == ours.terminal[0]
+            if not state.is_terminal():
+                assert state.current_player() == ours.to_play[0]
+                assert sorted(state.legal_actions()) == list(np.flatnonzero(ours.legal_mask()[0]))
+    with pytest.raises(ValueError, match="do not lead"):
+        player.choose(replay([0, 1]), 0, [0])
+
+
+def test_a_paced_search_sets_its_count_from_the_rate_of_its_last_full_search(monkeypatch):
+    from hpc_rl.league import go_players
+
+    clock = [0.0]
+    monkeypatch.setattr(go_players.time, "perf_counter", lambda: clock[0])
+    asked = []
+
+    def search(sims, rate=1000.0, solved_after=None):  # a search of `rate` simulations a second on a fake clock
+        asked.append(sims)
+        done = sims if solved_after is None else min(sims, solved_after)
+        clock[0] += done / rate
+        return 7, done
+
+    pace = go_players.Pace(0.5)
+    assert pace.choose(search) == 7
+    assert asked == [go_players.PROBE_SIMULATIONS, int(1000 * (0.5 - go_players.PROBE_SIMULATIONS / 1000))]
+    pace.choose(lambda sims: search(sims, rate=400.0))  # slower now: measured on this move, used on the next
+    pace.choose(lambda sims: search(sims, solved_after=3))  # stopped early by a solved root: the rate stays
+    pace.choose(search)
+    assert asked[2:] == [500, 200, 200] and pace.rate == pytest.approx(1000.0)
+
+
+@pytest.mark.parametrize("spec, message", [("nope", "unknown kind"), ("rollout", "exactly one of sims"),
+                                           ("mctsbot:sims=8,sec=1", "exactly one of sims"),
+                                           ("rollout:sims=1", "sims must be >= 2"), ("rollout:sec=0", "sec must be"),
+                                           ("rollout:sims=x", "is not a int"), ("random:sims=3", "not key=value")])
+def test_bad_specs_are_named(spec, message):
+    with pytest.raises(ValueError, match=message) as err:
+        make_player(spec, SIZE, KOMI, 0)
+    assert repr(spec) in str(err.value)
+
+
+def test_spec_parsing():
+    assert parse_spec("mctsbot:sec=0.5,uct_c=1.4") == ("mctsbot", {"sec": 0.5, "uct_c": 1.4})
+    assert parse_spec("random") == ("random", {})
+
+
+PLAYERS = ["random", "rollout:sims=6", "mctsbot:sims=6"]
+
+
+def test_a_tiny_ladder_resumes_without_replaying_and_rates_as_the_ratings_code(tmp_path):
+    lines = []
+    results = go_ladder.play_ladder(PLAYERS, tmp_path / "results.json", SIZE, KOMI, 2, seed=5, progress=lines.append)
+    assert lines[0].endswith("0 in " + str(tmp_path / "results.json") + ", 6 to play") and len(lines) == 7
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved == json.loads(json.dumps(results))
+    for key, games in saved["pairs"].items():
+        first, second = key.split(" vs ")
+        assert [g["black"] for g in games] == [first, second]  # colours alternate, sorted name first
+        assert [g["seed"] for g in games] == [pair_seed(5, first, second) + 2 * g for g in range(2)]
+        assert all(g["moves_by"][0] + g["moves_by"][1] == len(g["moves"]) for g in games)
+
+    # Resumed: nothing replayed; with a player added, only its pairs are played and the old games are kept as they are.
+    lines.clear()
+    go_ladder.play_ladder(PLAYERS, tmp_path / "results.json", SIZE, KOMI, 2, seed=5, progress=lines.append)
+    assert lines == [f"3 pairs x 2 games: 6 in {tmp_path / 'results.json'}, 0 to play"]
+    bigger = go_ladder.play_ladder(PLAYERS + ["rollout:sims=12"], tmp_path / "results.json", SIZE, KOMI, 2, seed=5,
+                                   progress=lines.append)
+    assert lines[-7].endswith("6 to play") and sum(map(len, bigger["pairs"].values())) == 12
+    assert all(bigger["pairs"][k] == saved["pairs"][k] for k in saved["pairs"])
+    # Fixed-simulation games replay identically in another ladder (the seeds are the players' and the ladder's).
+    again = go_ladder.play_ladder(PLAYERS[1:], tmp_path / "other.json", SIZE, KOMI, 2, seed=5, progress=lines.append)
+    key = go_ladder.pair_key(*PLAYERS[1:])
+    assert [g["moves"] for g in again["pairs"][key]] == [g["moves"] for g in saved["pairs"][key]]
+
+    # Ratings: the ratings code's Elo and Nash averaging on the points counted here from the saved games.
+    evaluation = go_ladder.commit_evaluation(tmp_path, bigger, PLAYERS, 2, strength=("rollout:sims=6", "random"))
+    n = len(PLAYERS)
+    points, games = np.zeros((n, n)), np.zeros((n, n))
+    for i, a in enumerate(PLAYERS):
+        for j, b in enumerate(PLAYERS):
+            for g in bigger["pairs"].get(go_ladder.pair_key(a, b), []) if i != j else []:
+                black_points = (g["black_return"] + 1) / 2
+                points[i, j] += black_points if g["black"] == a else 1 - black_points
+                games[i, j] += 1
+    elo = elo_from_results(points, games, anchor=0)
+    nash, weight = nash_average(np.where(games > 0, (points + 0.5) / (games + 1), 0.5))
+    for i, name in enumerate(PLAYERS):
+        rated = evaluation["players"][name]
+        assert rated["elo"] == pytest.approx(elo[i], abs=1e-6) and rated["games"] == 4
+        assert rated["nash"] == pytest.approx(nash[i], abs=1e-6)
+        assert rated["nash_weight"] == pytest.approx(weight[i], abs=1e-6)
+    chain = elo_from_results(points[:2, :2], games[:2, :2])[1]
+    assert evaluation["players"]["rollout:sims=6"]["selfplay_elo"] == pytest.approx(chain, abs=1e-6)
+    assert evaluation["players"]["random"]["seconds_per_move"] > 0
+    strength = evaluation["strength"]
+    wins = sum(1 for g in bigger["pairs"][go_ladder.pair_key("random", "rollout:sims=6")]
+               if g["black_return"] == (1 if g["black"] == "rollout:sims=6" else -1))
+    assert (strength["games"], strength["wins"], strength["opponent"]) == (2, wins, "random")
+    assert strength["ci95"][0] <= strength["win_rate"] <= strength["ci95"][1]
+    assert (tmp_path / "ratings.md").read_text().count("`mctsbot:sims=6`") == 3  # a row, a column, a row
+    assert (tmp_path / "ratings.png").stat().st_size > 0
+
+    # The go benchmark reports the committed strength; none where nothing is committed.
+    assert go_ladder.latest_strength(tmp_path) == (strength, str(tmp_path / "evaluation.json"))
+    none, why = go_ladder.latest_strength(tmp_path / "nothing")
+    assert none is None and "no committed evaluation" in why
+    go_ladder.commit_evaluation(tmp_path, bigger, PLAYERS, 2)
+    none, why = go_ladder.latest_strength(tmp_path)
+    assert none is None and "--strength" in why
+
+
+def test_a_results_file_of_other_settings_or_not_one_is_refused(tmp_path):
+    path = tmp_path / "results.json"
+    go_ladder.play_ladder(["random", "rollout:sims=4"], path, SIZE, KOMI, 2, seed=0, progress=lambda _: None)
+    with pytest.raises(ValueError, match=f"{path} holds games with komi=7.5"):
+        go_ladder.play_ladder(["random", "rollout:sims=4"], path, SIZE, 5.5, 2, seed=0)
+    path.write_text("{")
+    with pytest.raises(ValueError, match=f"{path}: not a readable results file"):
+        go_ladder.play_ladder(["random", "rollout:sims=4"], path, SIZE, KOMI, 2, seed=0)
+
+
+def test_the_go_benchmark_reports_the_committed_strength(tmp_path):
+    from hpc_rl.bench import go as bench
+
+    evaluation = {"strength": {"agent": "a", "opponent": "mctsbot:sec=1", "games": 100, "wins": 57, "win_rate": 0.57,
+                               "ci95": [0.47, 0.66]}}
+    (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
+    args = Namespace(board_size=5, positions=1, opening_moves=(2, 4), simulations=4, rollouts=1, uct_c=2.0,
+                     python_positions=0, match_games=0, seed=0, guided_games=2, guided_moves=1,
+                     guided_simulations=2, guided_leaves=1, guided_blocks=1, guided_filters=4, evaluation=str(tmp_path))
+    result = bench.run(args)
+    assert result["strength"] == evaluation["strength"]
+    assert set(result["strength"]) >= {"opponent", "games", "wins", "win_rate", "ci95"}
+    assert result["strength_source"] == str(tmp_path / "evaluation.json")
