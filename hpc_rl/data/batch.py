@@ -52,7 +52,7 @@ class Field:
     """One named array of a batch: per-agent trailing ``shape`` behind the leading dimensions of its ``kind``."""
 
     name: str
-    kind: str  # STEP, CHUNK or AGENT
+    kind: str  # STEP, CHUNK or AGENT; in Go's record POSITION or GAME (GameSchema.shape)
     shape: tuple[int, ...]
     dtype: np.dtype
 

@@ -194,7 +194,7 @@ class InferenceWorker:
     def run(self) -> None:
         self.start()
         while self.live:
-            self.serve(self._wait_requests(self.live))
+            self.serve(wait_requests(self.exchange, self.link, self.config, self.live))
 
     def start(self) -> None:
         """Wait for the learners' first parameters."""
@@ -223,9 +223,6 @@ class InferenceWorker:
                         "passes": self.passes / max(self.batches, 1),
                         "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
                         "seconds": time.monotonic() - self.started, "device": str(self.device)})
-
-    def _wait_requests(self, env_ranks: set[int]) -> dict[int, np.ndarray]:
-        return wait_requests(self.exchange, self.link, self.config, env_ranks)
 
     def _step(self, env_ranks: list[int], messages: dict[int, dict[str, np.ndarray]]) -> None:
         """One policy step for every agent of ``env_ranks`` in one batch."""
