@@ -64,16 +64,16 @@ class SerialRunner:
         config = dataclasses.replace(config, topology=TOPOLOGY,
                                      transport=dataclasses.replace(config.transport, backend="local"))
         self.config = config
+        if config.env.is_go and config.pipeline.ring_slots < config.env.num_envs:
+            # One thread: a put into a full ring would wait for a learner step that never comes.
+            raise ValueError(f"pipeline.ring_slots ({config.pipeline.ring_slots}) must hold the games one step can "
+                             f"finish (env.num_envs={config.env.num_envs}) when Go runs in one process")
         topology = Topology(TOPOLOGY)
         run_dir = Path(config.runs_dir) / config.run_name
         acquire_run_lock(run_dir)
         resume = open_run_dir(config, overrides)
         resume_version = resume.version if resume is not None else -1
         go = config.env.is_go  # Go's self-play (hpc_rl.roles.go): no env spec, games instead of segments
-        if go and config.pipeline.ring_slots < config.env.num_envs:
-            # One thread: a put into a full ring would wait for a learner step that never comes.
-            raise ValueError(f"pipeline.ring_slots ({config.pipeline.ring_slots}) must hold the games one step can "
-                             f"finish (env.num_envs={config.env.num_envs}) when Go runs in one process")
         spec = None if go else (env if env is not None else config.env.make(num_envs=1)).spec
 
         world, hub = LocalWorld(TOPOLOGY.world_size), LocalControlHub(TOPOLOGY.world_size)
