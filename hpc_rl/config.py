@@ -28,11 +28,12 @@ from omegaconf.errors import OmegaConfBaseException
 from hpc_rl.algo.rewards import RewardConfig
 from hpc_rl.algo.schedules import KINDS, Schedule, constant
 from hpc_rl.envs.api import VecEnv
+from hpc_rl.envs.go_config import GoConfig
 from hpc_rl.envs.moba_config import REWARD_EVENTS, MobaConfig
 from hpc_rl.envs.nmmo_config import REWARD_EVENTS as NMMO_REWARD_EVENTS
 from hpc_rl.envs.nmmo_config import NmmoConfig
 from hpc_rl.model.config import ModelConfig
-from hpc_rl.algo.config import PPOConfig
+from hpc_rl.algo.config import AlphaZeroConfig, PPOConfig
 from hpc_rl.topology import TopologyConfig
 from hpc_rl.transport.config import FULL_POLICIES, TransportConfig
 
@@ -51,10 +52,11 @@ class EnvConfig:
     # env ranks can step it; training does not read its per-agent episodes yet), "gym:<Gymnasium id>"
     # (gym:CartPole-v1) or "pettingzoo:<module>", a PettingZoo parallel environment's module
     # (pettingzoo:mpe2.simple_spread_v3): every agent of every copy is played and trained by the one policy
-    # (hpc_rl.envs.pettingzoo_adapter)
+    # (hpc_rl.envs.pettingzoo_adapter), or "go" (AlphaZero's self-play of ``go``: docs/go.md, "Training")
     name: str = "moba"
-    num_envs: int = 8  # environment copies per env rank, stepped together
+    num_envs: int = 8  # environment copies per env rank, stepped together (Go: the games each env rank plays)
     moba: MobaConfig = field(default_factory=MobaConfig)
+    go: GoConfig = field(default_factory=GoConfig)
     nmmo: NmmoConfig = field(default_factory=NmmoConfig)
     vs_scripted_fraction: float = 0.25  # MOBA: share of copies where the frozen scripted bot plays one side (win rate)
     step_seconds: float = 1.0 / 7.5  # game seconds per step (reward decay over game time)
@@ -80,8 +82,8 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         kind, _, what = self.name.partition(":")
-        if self.name not in ("moba", "nmmo") and not (kind in ("gym", "pettingzoo") and what):
-            raise ValueError(f"env.name must be 'moba', 'nmmo', 'gym:<id>' or 'pettingzoo:<module>', got "
+        if self.name not in ("moba", "nmmo", "go") and not (kind in ("gym", "pettingzoo") and what):
+            raise ValueError(f"env.name must be 'moba', 'nmmo', 'go', 'gym:<id>' or 'pettingzoo:<module>', got "
                              f"{self.name!r}")
         if self.is_pettingzoo:
             self._pettingzoo_maker()  # a module that is missing or not a parallel env fails here, before any rank
@@ -118,6 +120,10 @@ class EnvConfig:
     @property
     def is_nmmo(self) -> bool:
         return self.name == "nmmo"
+
+    @property
+    def is_go(self) -> bool:
+        return self.name == "go"
 
     @property
     def is_pettingzoo(self) -> bool:
@@ -187,6 +193,8 @@ class EnvConfig:
         curriculum's stage at policy ``version``, with ``new_version_share_at(version)`` of its games under game
         version 2's rules (None: ``moba``, every game of ``game_version``: the game evaluations play)."""
         n = num_envs or self.num_envs
+        if self.is_go:
+            raise ValueError("env.name=go has no vectorised env: its env ranks play hpc_rl.envs.go_search.SelfPlay")
         if self.is_moba:
             moba = self.moba if version is None else self.moba_at(version)
             share = 1.0 if version is None else self.new_version_share_at(version)
@@ -363,6 +371,7 @@ class TrainConfig:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    alphazero: AlphaZeroConfig = field(default_factory=AlphaZeroConfig)  # the learners of env.name=go
     league: LeagueConfig = field(default_factory=LeagueConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
 
@@ -380,6 +389,9 @@ class TrainConfig:
             raise ValueError(f"topology.evaluator must be 0 for env.name={self.env.name}: evaluator ranks rate MOBA "
                              "policies against the reference bots; rate a Gymnasium run's greedy return offline with "
                              "hpc_rl.evaluation.evaluate_return")
+        if self.env.is_go and self.pipeline.final_eval_games:
+            raise ValueError(f"pipeline.final_eval_games must be 0 for env.name=go (no reference player to play yet), "
+                             f"got {self.pipeline.final_eval_games}")
         if self.topology.evaluator > 1:
             # One rank rates versions in order, so the controller's TrueSkill table and eval/* rows stay in version
             # order; a few games per checkpoint keep one rank well ahead of the learners.
@@ -444,9 +456,10 @@ class TrainConfig:
 # the gradient clip's moments; the observation and value normalisers) or the spaces it was trained on (the
 # environment: its observations' entities and features, its actions). A resumed run keeps them; it may change every
 # other setting. tests/test_resume.py holds this list against the learner's state and the environment's spec.
+GO_SHAPE_KEYS = ("env.go.board_size", "env.go.net.blocks", "env.go.net.filters", "alphazero.optimizer")
 SHAPE_KEYS = ("env.name", "env.game_version", "env.moba.team_size", "env.moba.lanes", "env.moba.towers_per_lane",
               "env.moba.wave_melee", "env.moba.wave_ranged", "env.moba.max_waves_alive", "model.core", "model.lstm_size",
-              "model.embed_size", "model.entity_pooling", "ppo.value_norm")
+              "model.embed_size", "model.entity_pooling", "ppo.value_norm") + GO_SHAPE_KEYS
 # Where a run is and when it stops, not how it learns: never a change (a finished run is continued by raising
 # pipeline.max_versions).
 UNRECORDED_KEYS = ("run_name", "runs_dir", "pipeline.max_versions", "pipeline.max_seconds")

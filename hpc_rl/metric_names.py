@@ -14,6 +14,7 @@ APPROX_KL = "train/approx_kl"
 CLIP_FRACTION = "train/clip_fraction"
 GRAD_CLIPPED_FRACTION = "train/grad_clipped_fraction"  # parameters OpenAI Five's per-parameter clip clipped
 KICKSTART_LOSS = "train/kickstart_loss"  # −log π(teacher's action): 0 where kickstarting is off
+LOSS = "train/loss"  # Go (hpc_rl.algo.alphazero): (z - v)^2 - pi . log p, the value and policy parts above
 # ... and figures of the whole update
 LR = "train/lr"
 ENTROPY_COEF = "train/entropy_coef"
@@ -68,6 +69,18 @@ NEW_VERSION_SHARE_TARGET = "env/new_version_share_target"
 WIN_RATE_VS_SCRIPTED_NEW_VERSION = "eval/win_rate_vs_scripted_new_version"
 GAMES_VS_SCRIPTED_NEW_VERSION = "eval/games_vs_scripted_new_version"
 EPISODE_RETURN = "stats/episode_return"  # Gymnasium, PettingZoo (per agent): mean return of the last ten versions' episodes
+# Go's self-play (env.name=go), over every env rank since the run started (this job's): finished games, the
+# positions searched in them, games and positions per second, the share of games a player resigned, the mean game
+# length in moves; and, of the calibration games (no resignation) in which a player would have resigned, the share
+# that player went on not to lose (AlphaGo Zero keeps it under 5% by moving the threshold)
+GO_GAMES = "selfplay/games"
+GO_POSITIONS = "selfplay/positions"
+GO_GAMES_PER_S = "selfplay/games_per_s"
+GO_POSITIONS_PER_S = "selfplay/positions_per_s"
+GO_RESIGNED = "selfplay/resigned_share"
+GO_GAME_LENGTH = "selfplay/game_length"
+GO_RESIGN_FALSE_POSITIVES = "selfplay/resign_false_positives"
+REPLAY_POSITIONS = "data/replay_positions"  # positions in learner 0's replay buffer
 POOL_SIZE = "league/pool_size"
 GAMES_VS_PAST = "league/games_vs_past"
 SCORE_VS_PAST = "league/score_vs_past"

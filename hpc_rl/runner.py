@@ -15,6 +15,10 @@ in-process control path, with the topology of a one-env, one-inference, one-lear
     learner.step()      an update when a batch is there and the reuse throttle allows it; publish
     controller.step()   metrics.h5, checkpoints, the stop
 
+Go (``env.name=go``) runs its own roles (``hpc_rl.roles.go``) in the same steps: the env worker sends a search
+step's leaves, the inference worker evaluates them, the env worker backs them up and puts finished games into the
+ring (``pipeline.ring_slots`` must hold the games one step can finish: ``env.num_envs``).
+
 As in the MPI job, the action of the step that ends a segment comes from the version before the update that
 segment feeds (the inference worker acts and ships in one pass); every step records its behaviour version.
 """
@@ -60,15 +64,20 @@ class SerialRunner:
         config = dataclasses.replace(config, topology=TOPOLOGY,
                                      transport=dataclasses.replace(config.transport, backend="local"))
         self.config = config
+        if config.env.is_go and config.pipeline.ring_slots < config.env.num_envs:
+            # One thread: a put into a full ring would wait for a learner step that never comes.
+            raise ValueError(f"pipeline.ring_slots ({config.pipeline.ring_slots}) must hold the games one step can "
+                             f"finish (env.num_envs={config.env.num_envs}) when Go runs in one process")
         topology = Topology(TOPOLOGY)
         run_dir = Path(config.runs_dir) / config.run_name
         acquire_run_lock(run_dir)
         resume = open_run_dir(config, overrides)
         resume_version = resume.version if resume is not None else -1
-        spec = (env if env is not None else config.env.make(num_envs=1)).spec
+        go = config.env.is_go  # Go's self-play (hpc_rl.roles.go): no env spec, games instead of segments
+        spec = None if go else (env if env is not None else config.env.make(num_envs=1)).spec
 
         world, hub = LocalWorld(TOPOLOGY.world_size), LocalControlHub(TOPOLOGY.world_size)
-        self.schema = SegmentSchema.of_run(config, spec)
+        self.schema = None if go else SegmentSchema.of_run(config, spec)
         transports = [Transport(world.comm(rank), config.transport) for rank in range(TOPOLOGY.world_size)]
         # Rank by rank, each rank's channels in the same order, as collective creation asks. The ring's owner (the
         # learner, the last rank) also closes last: its close waits for every writer's.
@@ -80,12 +89,24 @@ class SerialRunner:
         write_meta(run_dir, world_size=TOPOLOGY.world_size, roles=topology.role_map(), transport=transports[0].meta(),
                    config_hash=config.config_hash(), resumed_from=resume_version)
         self.controller = Controller(config, topology, self.control, run_dir, resume_version, stop_flag=None)
-        self.learner_worker = LearnerWorker(config, spec, SingleAllreduce(), channels[LEARNER].rings[0],
-                                            channels[LEARNER].params, link(LEARNER),
-                                            (resume.version, resume.sections) if resume is not None else None)
-        self.inference = InferenceWorker(config, spec, [ENV], channels[INFERENCE].steps, channels[INFERENCE].rings,
-                                         channels[INFERENCE].params, link(INFERENCE))
-        self.env_worker = EnvWorker(config, ENV, 0, channels[ENV].steps, link(ENV), max(resume_version, 0), env=env)
+        resumed = (resume.version, resume.sections) if resume is not None else None
+        if go:
+            from hpc_rl.roles.go import GoEnvWorker, GoInferenceWorker, GoLearnerWorker
+
+            self.learner_worker = GoLearnerWorker(config, SingleAllreduce(), channels[LEARNER].rings[0],
+                                                  channels[LEARNER].params, link(LEARNER), resumed)
+            self.inference = GoInferenceWorker(config, [ENV], channels[INFERENCE].steps, channels[INFERENCE].params,
+                                               link(INFERENCE))
+            self.env_worker = self.producer = GoEnvWorker(config, ENV, channels[ENV].steps, channels[ENV].rings,
+                                                          link(ENV), max(resume_version, 0))
+        else:
+            self.learner_worker = LearnerWorker(config, spec, SingleAllreduce(), channels[LEARNER].rings[0],
+                                                channels[LEARNER].params, link(LEARNER), resumed)
+            self.inference = self.producer = InferenceWorker(config, spec, [ENV], channels[INFERENCE].steps,
+                                                             channels[INFERENCE].rings, channels[INFERENCE].params,
+                                                             link(INFERENCE))
+            self.env_worker = EnvWorker(config, ENV, 0, channels[ENV].steps, link(ENV), max(resume_version, 0),
+                                        env=env)
         self.controller.start()
         self.learner_worker.start()
         self.inference.start()
@@ -168,6 +189,18 @@ class SerialRunner:
             ring.release(taken)
         return batches[0] if len(batches) == 1 else self.schema.concat(batches)
 
+    def collect_games(self) -> list:
+        """Go: play until finished games are in the learner's ring and take them out (the learner role will not
+        train on them): their ``GameRecord``s."""
+        ring = self.channels[LEARNER].rings[0]
+        while ring.ready_slots() == 0:
+            self._play_step()
+        taken = ring.take_view()
+        try:
+            return [self.learner_worker.schema.unpack(segment.payload)[0] for segment in taken]
+        finally:
+            ring.release(taken)
+
     def update(self, batch: Batch) -> dict[str, float]:
         """One PPO update on ``batch`` and the new version published to the inference worker."""
         metrics = self.learner.update(batch)
@@ -180,7 +213,7 @@ class SerialRunner:
             return
         self.closed = True
         left = self.learner_worker.drain()
-        self.inference.link.send({"produced": self.inference.produced_ids}, TAG_ACCOUNTING)
+        self.producer.link.send({"produced": self.producer.produced_ids}, TAG_ACCOUNTING)
         self.learner_worker.link.send({"consumed": self.learner_worker.consumed_ids, "left": left}, TAG_ACCOUNTING)
         self.controller.service()
         self.controller.finish()

@@ -45,7 +45,7 @@ def test_a_gymnasium_env_on_the_default_job_gets_the_default_learning_settings()
 
 
 @pytest.mark.parametrize("override, message", [
-    ("env.name=starcraft", "env.name must be 'moba', 'nmmo', 'gym:<id>' or 'pettingzoo:<module>', got 'starcraft'"),
+    ("env.name=starcraft", "env.name must be 'moba', 'nmmo', 'go', 'gym:<id>' or 'pettingzoo:<module>', got 'starcraft'"),
     ("env.name=nmmo", "env.name=nmmo can not be trained yet: the pipeline ends episodes per copy"),
     ("env.nmmo.border=0", "nmmo.border must be >= 1, got 0"),
     ("env.name=pettingzoo:no_such_env_v1", "env.name=pettingzoo:no_such_env_v1: PettingZoo module 'no_such_env_v1' "
@@ -71,6 +71,11 @@ def test_a_gymnasium_env_on_the_default_job_gets_the_default_learning_settings()
     ("pipeline.learner_device=gpu", "pipeline.learner_device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
     ("pipeline.inference_device=cuda:x", "pipeline.inference_device must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
     ("ppo.precision=float16", "precision must be one of ('float32', 'bfloat16'), got 'float16'"),
+    ("env.go.board_size=3", "env.go: board_size must lie in"),
+    ("env.go.search.simulations=1", "env.go.search: simulations must be >= 2"),
+    ("alphazero.optimizer=rmsprop", "alphazero: optimizer must be one of ('sgd', 'adam'), got 'rmsprop'"),
+    ("alphazero.lr_drops=[20,10]", "alphazero: lr_drops must be increasing versions >= 1"),
+    ("env.name=go", "pipeline.final_eval_games must be 0 for env.name=go"),
 ])
 def test_bad_values_fail_at_compose_time(override, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

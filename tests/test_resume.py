@@ -4,12 +4,13 @@ from dataclasses import asdict, fields, replace
 
 import numpy as np
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from hpc_rl import metric_names as M
 from hpc_rl.algo.learner import Learner
 from hpc_rl.algo.schedules import Schedule, constant
-from hpc_rl.config import SHAPE_KEYS, ResumeError, TrainConfig, build_config, setting_changes, to_yaml
+from hpc_rl.config import GO_SHAPE_KEYS, SHAPE_KEYS, ResumeError, TrainConfig, build_config, setting_changes, to_yaml
 from hpc_rl.envs.moba_config import MobaConfig
 from hpc_rl.envs.moba_v2 import spec_v2
 from hpc_rl.launch import set_torch_threads
@@ -59,7 +60,49 @@ def test_shape_keys_are_the_settings_that_shape_the_saved_state_or_its_spaces():
     variants["ppo.value_norm"] = replace(base, ppo=replace(base.ppo, value_norm=not base.ppo.value_norm))
     variants["env.game_version"] = replace(base, env=replace(base.env, game_version=2))
     shaping = {key for key, config in variants.items() if _state_and_spaces(config) != reference}
-    assert shaping == {key for key in SHAPE_KEYS if key != "env.name"}  # env.name: another environment altogether
+    # env.name: another environment altogether; Go's keys shape Go's learner (below)
+    assert shaping == {key for key in SHAPE_KEYS if key != "env.name" and key not in GO_SHAPE_KEYS}
+
+
+def test_go_shape_keys_are_the_settings_that_shape_the_go_learners_saved_state():
+    from hpc_rl.algo.alphazero import AlphaZeroLearner
+    from hpc_rl.algo.config import AlphaZeroConfig
+    from hpc_rl.envs.go_config import GoConfig, PUCTConfig
+    from hpc_rl.model.config import GoNetConfig
+    from hpc_rl.model.go_net import GoNet
+
+    set_torch_threads()
+
+    def shapes(go: GoConfig, az: AlphaZeroConfig) -> dict[str, tuple]:
+        learner = AlphaZeroLearner(GoNet(go.net, go.board_size), az)
+        net, _ = learner.net(torch.zeros((2, 5, go.board_size, go.board_size)))
+        net.sum().backward()
+        learner.optimizer.step()  # the optimiser's state exists after its first step
+        out = {}
+
+        def walk(prefix: str, tree) -> None:
+            if isinstance(tree, dict):
+                for key, value in tree.items():
+                    walk(f"{prefix}/{key}", value)
+            elif isinstance(tree, np.ndarray):
+                out[prefix] = tree.shape
+            else:
+                out[prefix] = None
+
+        walk("", learner.checkpoint_sections())
+        return out
+
+    go, az = GoConfig(board_size=5, net=GoNetConfig(1, 4)), AlphaZeroConfig(min_positions=1)
+    reference = shapes(go, az)
+    variants = {"env.go.board_size": (replace(go, board_size=6), az),
+                "env.go.net.blocks": (replace(go, net=GoNetConfig(2, 4)), az),
+                "env.go.net.filters": (replace(go, net=GoNetConfig(1, 6)), az),
+                "alphazero.optimizer": (go, replace(az, optimizer="adam")),
+                "env.go.komi": (replace(go, komi=0.5), az),
+                "env.go.search": (replace(go, search=PUCTConfig(simulations=8)), az),
+                "alphazero.lr": (go, replace(az, lr=0.1)), "alphazero.momentum": (go, replace(az, momentum=0.5))}
+    shaping = {key for key, (g, a) in variants.items() if shapes(g, a) != reference}
+    assert shaping == set(GO_SHAPE_KEYS)
 
 
 def test_setting_changes_are_listed_key_by_key():

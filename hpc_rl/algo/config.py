@@ -67,3 +67,51 @@ class PPOConfig:
         """The Adam learning rate of the update that makes ``version + 1``: the schedule, or 0 before
         ``lr_zero_until``."""
         return 0.0 if version < self.lr_zero_until else self.lr(version)
+
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass(frozen=True)
+class AlphaZeroConfig:
+    """The Go learners' hyperparameters (``env.name=go``; hpc_rl.algo.alphazero): AlphaGo Zero's loss
+    (z - v)^2 - pi . log p + c ||theta||^2 on minibatches drawn uniformly from a FIFO replay buffer of the positions of
+    recent self-play games. ELF OpenGo: SGD with momentum 0.9, c = 1e-4, learning rate 0.01 dropped tenfold twice,
+    a buffer of the latest 500,000 games; no gating (AlphaZero, ELF)."""
+
+    replay_positions: int = 500_000  # each learner's buffer, in positions (ELF keeps games: ~0.5M games of ~200 moves)
+    min_positions: int = 10_000  # no update before every learner holds this many
+    batch_size: int = 256  # positions per learner and update (the global batch is this x learners; ELF: 2,048)
+    optimizer: str = "sgd"  # "sgd" (with momentum, AlphaGo Zero and ELF) or "adam"
+    momentum: float = 0.9
+    weight_decay: float = 1e-4  # c, the L2 weight (AlphaGo Zero's 1e-4), as the optimiser's weight decay
+    lr: float = 0.01
+    lr_drops: tuple[int, ...] = ()  # versions from which the learning rate is multiplied by lr_drop_factor once more
+    lr_drop_factor: float = 0.1
+    # Positions sampled by the updates / positions received the learners keep to: on few cores the learners would
+    # otherwise train each game's positions hundreds of times while the games are played (None: no throttle).
+    target_reuse: float | None = 8.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr_drops", tuple(int(v) for v in self.lr_drops))  # Hydra gives a list
+        for name in ("replay_positions", "batch_size", "min_positions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_positions > self.replay_positions:
+            raise ValueError(f"min_positions ({self.min_positions}) must not exceed replay_positions "
+                             f"({self.replay_positions})")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0 or not self.lr > 0 or not 0 < self.lr_drop_factor <= 1:
+            raise ValueError(f"weight_decay must be >= 0, lr > 0 and lr_drop_factor in (0, 1], got "
+                             f"{self.weight_decay}, {self.lr}, {self.lr_drop_factor}")
+        if list(self.lr_drops) != sorted(set(self.lr_drops)) or any(v < 1 for v in self.lr_drops):
+            raise ValueError(f"lr_drops must be increasing versions >= 1, got {list(self.lr_drops)}")
+        if self.target_reuse is not None and not self.target_reuse > 0:
+            raise ValueError(f"target_reuse must be > 0 or None, got {self.target_reuse}")
+
+    def learning_rate(self, version: int) -> float:
+        """The step schedule: ``lr`` times ``lr_drop_factor`` for every drop at or before ``version``."""
+        return self.lr * self.lr_drop_factor ** sum(version >= v for v in self.lr_drops)

@@ -12,7 +12,11 @@ kind       leading dimensions          fields
 ``AGENT``  (B,)                        ``bootstrap_value``: the value of the observation after the last step
 =========  ==========================  ===========================================================================
 
-From it come the buffer an inference rank (or the serial runner) fills one step at a time (``SegmentBuffer``), a
+Go's self-play (``env.name=go``) trains on whole games instead, as ELF OpenGo's trainer receives them:
+``game_fields`` declares one game's record (kind ``POSITION``: one row per searched position, up to the longest
+game; kind ``GAME``: one value per game), and ``GameSchema`` derives its wire layout, packing and checks.
+
+From the PPO schema come the buffer an inference rank (or the serial runner) fills one step at a time (``SegmentBuffer``), a
 segment's wire layout and its packing (``SegmentSchema.layout``, ``pack``, ``unpack``), the join of segments into a
 learner's batch (``SegmentSchema.concat``) and the finite-number checks of ``validate``. An environment that declares
 ``EnvSpec.step_infos`` gets each as a STEP field ``info/<name>``: it travels from the env rank to the learner with no
@@ -35,6 +39,7 @@ from hpc_rl.model.policy import HEADS, PolicyStep
 from hpc_rl.transport.layout import ArrayLayout
 
 STEP, CHUNK, AGENT = "step", "chunk", "agent"
+POSITION, GAME = "position", "game"  # Go's record: per searched position, per game
 WIRE_IDS = "ids"  # the wire's accounting field: (env rank, that env rank's segment number)
 
 
@@ -47,7 +52,7 @@ class Field:
     """One named array of a batch: per-agent trailing ``shape`` behind the leading dimensions of its ``kind``."""
 
     name: str
-    kind: str  # STEP, CHUNK or AGENT
+    kind: str  # STEP, CHUNK or AGENT; in Go's record POSITION or GAME (GameSchema.shape)
     shape: tuple[int, ...]
     dtype: np.dtype
 
@@ -251,3 +256,88 @@ def validate(batch: Batch, schema: SegmentSchema, max_version: int) -> None:
         raise SegmentError(f"behaviour version beyond the learner's {max_version}")
     if trained.any() and not (batch.logp[trained] <= 1e-4).all():
         raise SegmentError("behaviour log-probabilities above 0")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Go: one self-play game's record per ring slot.
+
+def game_fields(board_size: int) -> tuple[Field, ...]:
+    """Every field of one Go game's record (``hpc_rl.envs.go_search.GameRecord``), in wire order."""
+    from hpc_rl.envs.go import NUM_PLANES
+
+    f32, i64, b = np.dtype(np.float32), np.dtype(np.int64), np.dtype(bool)
+    return (Field("planes", POSITION, (NUM_PLANES, board_size, board_size), f32),
+            Field("pi", POSITION, (board_size * board_size + 1,), f32), Field("z", POSITION, (), f32),
+            Field("to_play", POSITION, (), i64), Field("actions", POSITION, (), i64),
+            Field("versions", POSITION, (), i64),
+            Field("length", GAME, (), i64), Field("winner", GAME, (), i64), Field("resigned", GAME, (), b),
+            Field("playout", GAME, (), b), Field("would_resign", GAME, (), i64))
+
+
+@dataclass(frozen=True)
+class GameSchema:
+    """One game's record on the wire: ``max_length`` rows of positions (the longest game; a shorter one is padded
+    with zeros), the per-game fields, and the accounting ids (env rank, its game number)."""
+
+    board_size: int
+    max_length: int
+
+    @cached_property
+    def fields(self) -> tuple[Field, ...]:
+        return game_fields(self.board_size)
+
+    def shape(self, field: Field) -> tuple[int, ...]:
+        return ((self.max_length,) if field.kind == POSITION else (1,)) + field.shape
+
+    @cached_property
+    def layout(self) -> ArrayLayout:
+        arrays = {f.name: (self.shape(f), f.dtype) for f in self.fields}
+        arrays[WIRE_IDS] = ((2,), np.dtype(np.int64))
+        return ArrayLayout(arrays)
+
+    def pack(self, record, env_rank: int, seq: int, out: np.ndarray | None = None) -> np.ndarray:
+        """A ``GameRecord`` and its ids as one payload."""
+        n = len(record.z)
+        if not 1 <= n <= self.max_length:
+            raise ValueError(f"a game of {n} positions; the record holds 1 to {self.max_length}")
+        wire = {}
+        for f in self.fields:
+            if f.kind == POSITION:
+                wire[f.name] = np.zeros(self.shape(f), f.dtype)
+                wire[f.name][:n] = getattr(record, f.name)
+            else:
+                wire[f.name] = np.array([n if f.name == "length" else getattr(record, f.name)], f.dtype)
+        wire[WIRE_IDS] = np.array([env_rank, seq], dtype=np.int64)
+        return self.layout.pack(wire, out)
+
+    def unpack(self, payload: np.ndarray):
+        """``(GameRecord, env_rank, seq)``, copied out of the payload (which may be reused); raises SegmentError if
+        the record must not be trained on (``validate_game``)."""
+        from hpc_rl.envs.go_search import GameRecord
+
+        if payload.size < self.layout.nbytes:
+            raise SegmentError(f"game record of {payload.size} bytes, the layout needs {self.layout.nbytes}")
+        arrays = self.layout.unpack(payload)
+        env_rank, seq = (int(x) for x in arrays.pop(WIRE_IDS))
+        n = int(arrays["length"][0])
+        if not 1 <= n <= self.max_length:
+            raise SegmentError(f"game record of length {n}; 1 to {self.max_length} fit")
+        values = {f.name: (np.array(arrays[f.name][:n]) if f.kind == POSITION else arrays[f.name][0].item())
+                  for f in self.fields if f.name != "length"}
+        record = GameRecord(**values)
+        validate_game(record)
+        return record, env_rank, seq
+
+
+def validate_game(record) -> None:
+    """Raise SegmentError if a game's record cannot be trained on: non-finite planes or pi, a pi that is not a
+    distribution, an outcome z outside {-1, 0, 1} or not the winner's from the player to move's view."""
+    if not (np.isfinite(record.planes).all() and np.isfinite(record.pi).all()):
+        raise SegmentError("non-finite values in a game's planes or pi")
+    if (record.pi < 0).any() or not np.allclose(record.pi.sum(1), 1.0, atol=1e-4):
+        raise SegmentError("a position's pi is not a distribution")
+    from hpc_rl.envs.go_search import outcome_targets
+
+    if record.winner not in (-1, 0, 1) or not np.array_equal(record.z, outcome_targets(record.to_play,
+                                                                                        record.winner)):
+        raise SegmentError(f"outcomes z that are not winner {record.winner}'s from the player to move's view")

@@ -8,7 +8,9 @@ the game has ended takes its true result instead); the caller evaluates them in 
 ``expand_and_backup(priors, values)`` expands those leaves and backs every path up, removing its virtual loss. After
 ``simulations`` selections per game (the first expands the root), ``choose()`` gives each game's move, the policy
 target π (the root's visit distribution) and the value the search sees for the player to move (for resignation).
-``play_games`` drives whole self-play games with it in one process.
+``SelfPlay`` steps whole self-play games with it the same way (what an env rank runs: ``hpc_rl.roles.go``), and
+``play_games`` drives those to their ends in one process. The settings (``PUCTConfig``) live in ``go_config.py``,
+which imports no numba, so a run's config composes without it.
 
 The maths are pure functions (``puct_score``, ``add_virtual_loss``, ``backup``, ``mix_noise``, ``visit_policy``).
 A node's statistics are its visit count N and value sum W, both for the player who moved into it, and its prior P.
@@ -26,42 +28,7 @@ import numpy as np
 from numba import njit
 
 from hpc_rl.envs.go import TO_PLAY, GoGames, input_planes
-
-
-@dataclass(frozen=True)
-class PUCTConfig:
-    """The search's and the self-play move choice's settings; the defaults are ELF OpenGo's training workers'."""
-
-    simulations: int = 1600  # per move, the root's expansion included (AlphaGo Zero's and ELF's 1,600)
-    c_puct: float = 1.5  # ELF's (section 5.1); AlphaGo Zero and AlphaZero leave it unstated
-    virtual_loss: float = 1.0  # ELF's: an in-flight path counts as a lost visit (section 5.2)
-    leaves_per_game: int = 1  # paths in flight per game and step; the batch is games x this
-    dirichlet_alpha: float = 0.03  # root noise Dir(alpha) (AlphaGo Zero, 19x19; AlphaZero scales it ~ 10 / moves)
-    dirichlet_weight: float = 0.25  # epsilon: P = (1 - epsilon) p + epsilon eta at the root; 0: no noise
-    temperature: float = 1.0  # moves drawn from N^(1 / temperature); 0: the most visited (ELF: 1 for all moves)
-    greedy_after: int | None = None  # from this move on, the most visited (AlphaGo Zero, AlphaZero: 30); None: never
-    # Resign when the search's value is below it; None: never. AlphaGo Zero moves it to keep the calibration games'
-    # false positives under 5% (resign_false_positives); -0.9 is a starting point, not a paper's figure.
-    resign_threshold: float | None = -0.9
-    resign_playout_share: float = 0.1  # games that never resign, to measure the threshold's false positives (AGZ)
-
-    def __post_init__(self) -> None:
-        if self.simulations < 2:
-            raise ValueError(f"simulations must be >= 2 (the first expands the root), got {self.simulations}")
-        if self.leaves_per_game < 1:
-            raise ValueError(f"leaves_per_game must be >= 1, got {self.leaves_per_game}")
-        for name in ("c_puct", "virtual_loss", "temperature"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.dirichlet_alpha > 0:
-            raise ValueError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
-        for name in ("dirichlet_weight", "resign_playout_share"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
-        if self.greedy_after is not None and self.greedy_after < 0:
-            raise ValueError(f"greedy_after must be >= 0 or None, got {self.greedy_after}")
-        if self.resign_threshold is not None and not -1 <= self.resign_threshold <= 1:
-            raise ValueError(f"resign_threshold must lie in [-1, 1] or be None, got {self.resign_threshold}")
+from hpc_rl.envs.go_config import PUCTConfig
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -383,7 +350,7 @@ class PUCTSearch:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Self-play in one process.
+# Self-play: the games of many rows, stepped like the search (an env rank's), or driven in one process.
 
 @dataclass
 class GameRecord:
@@ -398,51 +365,119 @@ class GameRecord:
     resigned: bool  # the loser resigned
     playout: bool  # a calibration game: nobody could resign
     would_resign: int  # in a calibration game, the first player whose value fell below the threshold, else -1
+    versions: np.ndarray  # (T,) int64: the network version that answered each move's last evaluations (0 in one
+    #                       process): how stale the position is when a learner trains on it
 
 
-def play_games(evaluate, seeds, board_size: int = 9, komi: float = 7.5, config: PUCTConfig = PUCTConfig(),
-               max_game_length: int | None = None) -> list[GameRecord]:
-    """Play ``len(seeds)`` self-play games together to their ends, every move searched by ``PUCTSearch`` with the
-    leaves of all games evaluated by ``evaluate(planes, legal) -> (priors, values)`` in one batch per step.
+def outcome_targets(to_play: np.ndarray, winner: int) -> np.ndarray:
+    """z of every position: +1 where the player to move went on to win, -1 where they lost, 0 in a draw."""
+    return np.where(winner < 0, 0.0, np.where(to_play == winner, 1.0, -1.0)).astype(np.float32)
 
-    Game ``i`` searches with ``seeds[i]``'s stream (``PUCTSearch``) and draws whether it is a calibration game (no
-    resignation; share ``resign_playout_share``) from ``np.random.default_rng([seeds[i], 1])``. A player resigns
-    when the search's value for it is below ``resign_threshold``; the opponent wins."""
-    seeds = list(seeds)
-    games = GoGames(len(seeds), board_size, komi, max_game_length)
-    search = PUCTSearch(config, seeds, board_size, komi, max_game_length)
-    playout = np.array([config.resign_threshold is None
-                        or np.random.default_rng([s, 1]).random() < config.resign_playout_share for s in seeds])
-    would_resign = np.full(len(seeds), -1)
-    winner = np.full(len(seeds), -1)
-    resigned = np.zeros(len(seeds), dtype=bool)
-    history: list[list[tuple]] = [[] for _ in seeds]
-    active = np.arange(len(seeds))
-    while active.size:
-        choice = search.search(games, active, evaluate)
+
+class SelfPlay:
+    """Self-play games in ``len(seeds)`` rows, every move searched by ``PUCTSearch``, stepped as the search is:
+
+        planes, legal = selfplay.select()                       # one batch: the leaves of every row's search
+        finished = selfplay.expand_and_backup(priors, values)   # [(row, GameRecord)] of the games that ended
+
+    When a step completes the move's search in every row, the moves are played (or resigned) and the games that
+    ended come back as records. With ``restart`` a finished row starts a new game at once, so an env rank's batch
+    stays full; without it the row stays finished (``done`` once every row is).
+
+    Row ``i`` searches with ``seeds[i]``'s stream (``PUCTSearch``) and draws whether its k-th game is a calibration
+    game (no resignation; share ``resign_playout_share``) from ``np.random.default_rng([seeds[i], 1])`` for its first
+    game, ``[seeds[i], 1, k]`` after. A player resigns when the search's value for it is below
+    ``resign_threshold``; the opponent wins."""
+
+    def __init__(self, config: PUCTConfig, seeds, board_size: int = 9, komi: float = 7.5,
+                 max_game_length: int | None = None, restart: bool = False):
+        self.config, self.restart = config, restart
+        self.seeds = list(seeds)
+        n = len(self.seeds)
+        self.games = GoGames(n, board_size, komi, max_game_length)
+        self.search = PUCTSearch(config, self.seeds, board_size, komi, max_game_length)
+        self.started = np.zeros(n, dtype=np.int64)  # games started in each row
+        self.playout = np.array([self._calibration(r) for r in range(n)])
+        self.would_resign = np.full(n, -1)
+        self.history: list[list[tuple]] = [[] for _ in range(n)]
+        self.active = np.arange(n)
+        self.moves = 0  # moves searched so far, over every row (a resignation counts as its row's last)
+        self.search.start(self.games, self.active)
+
+    def _calibration(self, row: int) -> bool:
+        cfg = self.config
+        key = [self.seeds[row], 1] + ([int(self.started[row])] if self.started[row] else [])
+        return cfg.resign_threshold is None or np.random.default_rng(key).random() < cfg.resign_playout_share
+
+    @property
+    def done(self) -> bool:
+        return self.active.size == 0
+
+    def select(self) -> tuple[np.ndarray, np.ndarray]:
+        """The step's leaves to evaluate (``PUCTSearch.select``; none where every path ended a game)."""
+        return self.search.select()
+
+    def expand_and_backup(self, priors, values, version: int = 0) -> list[tuple[int, GameRecord]]:
+        """Answer the last ``select`` (``version``: the network's that answered it); once every row's search is
+        done, play the moves and return the games that ended, with their rows."""
+        self.search.expand_and_backup(priors, values)
+        if not self.search.done:
+            return []
+        return self._move(self.search.choose(), version)
+
+    def _move(self, choice: MoveChoice, version: int) -> list[tuple[int, GameRecord]]:
+        config, games, active = self.config, self.games, self.active
+        self.moves += len(active)
         to_play = games.meta[active, TO_PLAY]
         planes = input_planes(games, active)
         for i, g in enumerate(active):
-            history[g].append((planes[i], choice.pi[i], to_play[i], choice.actions[i]))
+            self.history[g].append((planes[i], choice.pi[i], to_play[i], choice.actions[i], version))
         losing = (choice.values < config.resign_threshold if config.resign_threshold is not None
                   else np.zeros(len(active), dtype=bool))
-        first = losing & playout[active] & (would_resign[active] < 0)
-        would_resign[active[first]] = to_play[first]
-        resign = losing & ~playout[active]
-        resigned[active[resign]] = True
+        first = losing & self.playout[active] & (self.would_resign[active] < 0)
+        self.would_resign[active[first]] = to_play[first]
+        resign = losing & ~self.playout[active]
+        winner = np.full(len(self.seeds), -1)
         winner[active[resign]] = 1 - to_play[resign]
         move = active[~resign]
         games.play_sequences(move, choice.actions[~resign, None], np.ones(len(move), dtype=np.int64))
         ended = move[games.terminal[move]]
         black = games.returns()[ended, 0]
         winner[ended] = np.where(black > 0, 0, np.where(black < 0, 1, -1))
-        active = move[~games.terminal[move]]
-    records = []
-    for g, moves in enumerate(history):
-        planes, pi, to_play, actions = (np.stack(x) for x in zip(*moves))
-        z = np.where(winner[g] < 0, 0.0, np.where(to_play == winner[g], 1.0, -1.0)).astype(np.float32)
-        records.append(GameRecord(planes, pi, to_play, actions, z, int(winner[g]), bool(resigned[g]),
-                                  bool(playout[g]), int(would_resign[g])))
+        finished = np.sort(np.concatenate([active[resign], ended]))
+        records = [(int(g), self._record(g, int(winner[g]), bool(np.isin(g, active[resign])))) for g in finished]
+        if self.restart and finished.size:
+            games.reset(finished)
+            self.started[finished] += 1
+            for g in finished:
+                self.playout[g] = self._calibration(g)
+                self.would_resign[g] = -1
+                self.history[g] = []
+            self.active = active
+        else:
+            self.active = move[~games.terminal[move]]
+        if self.active.size:
+            self.search.start(games, self.active)
+        return records
+
+    def _record(self, g: int, winner: int, resigned: bool) -> GameRecord:
+        planes, pi, to_play, actions, versions = (np.stack(x) for x in zip(*self.history[g]))
+        return GameRecord(planes, pi, to_play, actions, outcome_targets(to_play, winner), winner, resigned,
+                          bool(self.playout[g]), int(self.would_resign[g]), versions.astype(np.int64))
+
+
+def play_games(evaluate, seeds, board_size: int = 9, komi: float = 7.5, config: PUCTConfig = PUCTConfig(),
+               max_game_length: int | None = None) -> list[GameRecord]:
+    """Play ``len(seeds)`` self-play games together to their ends in one process (``SelfPlay``), the leaves of all
+    games evaluated by ``evaluate(planes, legal) -> (priors, values)`` in one batch per step; a record per game."""
+    selfplay = SelfPlay(config, seeds, board_size, komi, max_game_length)
+    records: list[GameRecord | None] = [None] * len(selfplay.seeds)
+    while not selfplay.done:
+        planes, legal = selfplay.select()
+        answer = (evaluate(planes, legal) if len(planes)
+                  else (np.zeros((0, selfplay.search.num_actions)), np.zeros(0)))
+        for row, record in selfplay.expand_and_backup(*answer):
+            records[row] = record
     return records
 
 

@@ -64,11 +64,12 @@ class NetEvaluator:
     """``evaluate(planes, legal) -> (priors, values)`` for ``PUCTSearch``: the network in eval mode (batch norm's
     running statistics, so a position's evaluation does not depend on its batch), softmax over the legal moves."""
 
-    def __init__(self, net: GoNet):
-        self.net = net.eval()
+    def __init__(self, net: GoNet, device: torch.device | str = "cpu"):
+        self.net, self.device = net.eval(), torch.device(device)
 
     def __call__(self, planes: np.ndarray, legal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         with torch.inference_mode():
-            logits, value = self.net(torch.from_numpy(planes))
-            priors = torch.softmax(logits.masked_fill(~torch.from_numpy(legal), -torch.inf), dim=1)
-        return priors.numpy(), value.numpy()
+            logits, value = self.net(torch.from_numpy(planes).to(self.device))
+            legal_t = torch.from_numpy(legal).to(self.device)
+            priors = torch.softmax(logits.masked_fill(~legal_t, -torch.inf), dim=1)
+        return priors.cpu().numpy(), value.cpu().numpy()

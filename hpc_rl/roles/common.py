@@ -10,13 +10,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from hpc_rl.config import TrainConfig
 from hpc_rl.data.batch import SegmentSchema
 from hpc_rl.envs.api import EnvSpec
 from hpc_rl.launch import STOP_SIGNALS, take_held_stop_signals
 from hpc_rl.model.policy import Policy
 from hpc_rl.roles.control import ControlLink
-from hpc_rl.roles.protocol import parameter_bytes, reply_layout, request_layout
+from hpc_rl.roles.protocol import decode_parameters, parameter_bytes, reply_layout, request_layout
 from hpc_rl.storage.layout import RunLayout
 from hpc_rl.topology import Role, Topology
 from hpc_rl.transport import ExperienceRing, ParameterChannel, RingConfig, StepExchange, Transport
@@ -41,17 +43,57 @@ class Channels:
         return extra
 
 
-def open_channels(transport: Transport, config: TrainConfig, spec: EnvSpec, topology: Topology) -> Channels:
-    """Every channel of a run; creation is collective, so every rank calls this with the same arguments."""
+def open_channels(transport: Transport, config: TrainConfig, spec: EnvSpec | None, topology: Topology) -> Channels:
+    """Every channel of a run; creation is collective, so every rank calls this with the same arguments. Go
+    (``env.name=go``, no ``spec``): a ring slot holds one game's record, the step messages a search step's leaves."""
     learners, env_ranks = topology.ranks(Role.LEARNER), topology.ranks(Role.ENV)
-    ring = RingConfig(slots=config.pipeline.ring_slots, slot_bytes=SegmentSchema.of_run(config, spec).layout.nbytes,
-                      full_policy=config.pipeline.full_policy)
-    rings = [transport.experience_ring(owner=r, ring=ring) for r in learners]
-    params = transport.parameter_channel(publisher=learners[0], max_bytes=parameter_bytes(Policy(spec, config.model)))
     n, fp16 = config.env.num_envs, config.transport.fp16_observations
+    if config.env.is_go:
+        from hpc_rl.data.batch import GameSchema
+        from hpc_rl.model.go_net import GoNet
+        from hpc_rl.roles.protocol import go_reply_layout, go_request_layout
+
+        go = config.env.go
+        leaves = n * go.search.leaves_per_game
+        slot_bytes = GameSchema(go.board_size, go.game_length).layout.nbytes
+        param_bytes = parameter_bytes(GoNet(go.net, go.board_size))
+        step_bytes = (go_request_layout(leaves, go.board_size).nbytes, go_reply_layout(leaves, go.board_size).nbytes)
+    else:
+        slot_bytes = SegmentSchema.of_run(config, spec).layout.nbytes
+        param_bytes = parameter_bytes(Policy(spec, config.model))
+        step_bytes = (request_layout(spec, n, fp16).nbytes, reply_layout(spec, n).nbytes)
+    ring = RingConfig(slots=config.pipeline.ring_slots, slot_bytes=slot_bytes, full_policy=config.pipeline.full_policy)
+    rings = [transport.experience_ring(owner=r, ring=ring) for r in learners]
+    params = transport.parameter_channel(publisher=learners[0], max_bytes=param_bytes)
     clients = {e: topology.inference_for_env(i) for i, e in enumerate(env_ranks)}
-    steps = transport.step_exchange(clients, request_layout(spec, n, fp16).nbytes, reply_layout(spec, n).nbytes)
+    steps = transport.step_exchange(clients, *step_bytes)
     return Channels(rings, params, steps)
+
+
+def wait_requests(exchange: StepExchange, link: ControlLink, config: TrainConfig,
+                  env_ranks: set[int]) -> dict[int, np.ndarray]:
+    """An inference rank's wait for one request from every live env rank; beats while waiting; names a silent env
+    rank past the deadline."""
+    got: dict[int, np.ndarray] = {}
+    waiter = Waiter(config.transport.poll, config.transport.timeout_s, "step", None, "requests")
+    while True:
+        got.update(exchange.poll_requests())
+        missing = env_ranks - set(got)
+        if not missing:
+            return got
+        waiter.peer = min(missing)
+        link.beat()
+        waiter.step()
+
+
+def pull_parameters(params: ParameterChannel, link: ControlLink, config: TrainConfig, module, wait: bool) -> int | None:
+    """Load newer published parameters into ``module`` (waiting for the first ones with ``wait``); their version,
+    or None if none were newer."""
+    if wait:
+        got = patiently(lambda timeout: params.wait_version(1, timeout), link, config.transport.timeout_s)
+    else:
+        got = params.poll()
+    return None if got is None else decode_parameters(got[1], module)
 
 
 def seed_for(seed: int, rank: int, version: int) -> int:

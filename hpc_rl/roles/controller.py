@@ -142,6 +142,24 @@ def resume_pool(layout: RunLayout, resume_version: int, pool: OpponentPool, keep
     return pool
 
 
+def selfplay_metrics(env: list[dict], seconds: float) -> dict[str, float]:
+    """Go's self-play figures from the env ranks' counters (``hpc_rl.roles.go.GoEnvWorker``), since this job
+    started."""
+    total = {k: float(sum(s.get(k, 0) for s in env)) for k in ("games", "env_steps", "resigned", "game_moves",
+                                                              "calibration_would_resign",
+                                                              "calibration_false_positives")}
+    games = total["games"]
+    out = {M.GO_GAMES: games, M.GO_POSITIONS: total["env_steps"],
+           M.GO_GAMES_PER_S: games / seconds if seconds > 0 else 0.0,
+           M.GO_POSITIONS_PER_S: total["env_steps"] / seconds if seconds > 0 else 0.0}
+    if games:
+        out[M.GO_RESIGNED] = total["resigned"] / games
+        out[M.GO_GAME_LENGTH] = total["game_moves"] / games
+    if total["calibration_would_resign"]:
+        out[M.GO_RESIGN_FALSE_POSITIVES] = total["calibration_false_positives"] / total["calibration_would_resign"]
+    return out
+
+
 class Controller:
     def __init__(self, config: TrainConfig, topology: Topology, control: ControlEndpoint, run_dir: Path,
                  resume_version: int, stop_flag: StopFlag | None, lifelines: Lifelines | None = None,
@@ -271,7 +289,7 @@ class Controller:
         metrics[M.WALL_SECONDS] = time.monotonic() - self.started
         for name, key, ranks in ((M.REQUEST_BYTES, "request_bytes", env),
                                  (M.REQUEST_OBSERVATION_BYTES, "observation_bytes", env),
-                                 (M.SEGMENT_BYTES, "segment_bytes", inference),
+                                 (M.SEGMENT_BYTES, "segment_bytes", env if self.config.env.is_go else inference),
                                  (M.SEGMENT_OBSERVATION_BYTES, "segment_observation_bytes", inference)):
             metrics[name] = float(sum(s.get(key, 0) for s in ranks))
         totals = np.array([sum(s.get(k, 0) for s in env) for k in ("bot_games", "bot_wins", "games", "returns_sum",
@@ -296,6 +314,8 @@ class Controller:
                 metrics[M.GAMES_VS_SCRIPTED_NEW_VERSION] = new_games
         if episodes and returns:
             metrics[M.EPISODE_RETURN] = returns / episodes
+        if self.config.env.is_go:
+            metrics.update(selfplay_metrics(env, seconds))
         if self.pool is not None:
             metrics[M.POOL_SIZE] = float(len(self.pool.versions))
             if self.past_games:
@@ -320,7 +340,12 @@ class Controller:
             figures.append(("win vs scripted", win_figure(wins, games, *wilson_interval(wins, games))))
         if M.EPISODE_RETURN in m:
             figures.append(("return", f"{m[M.EPISODE_RETURN]:.1f}"))
-        figures += [("policy_loss", f"{m.get(M.POLICY_LOSS, 0):+.3f}"), ("entropy", f"{m.get(M.ENTROPY, 0):.3f}")]
+        if self.config.env.is_go:
+            figures += [("games", f"{m[M.GO_GAMES]:.0f}"), ("policy_loss", f"{m[M.POLICY_LOSS]:.3f}"),
+                        ("value_loss", f"{m[M.VALUE_LOSS]:.3f}")]
+        else:
+            figures += [("policy_loss", f"{m.get(M.POLICY_LOSS, 0):+.3f}"),
+                        ("entropy", f"{m.get(M.ENTROPY, 0):.3f}")]
         elapsed = m[M.WALL_SECONDS]
         pipeline = self.config.pipeline
         left = time_left(elapsed, version, max(self.resume_version, 0), pipeline.max_versions, pipeline.max_seconds)
@@ -495,8 +520,9 @@ class Controller:
             self.tensorboard.close()
         if self.pool is not None and self.pool.versions:
             self._save_pool()  # the latest qualities (the ranks have stopped)
-        produced = sorted(tuple(i) for r in self.topology.ranks(Role.INFERENCE)
-                          for i in self.accounting.get(r, {}).get("produced", []))
+        # The inference ranks put the segments; in Go the env ranks put the games.
+        producers = self.topology.ranks(Role.ENV if self.config.env.is_go else Role.INFERENCE)
+        produced = sorted(tuple(i) for r in producers for i in self.accounting.get(r, {}).get("produced", []))
         consumed = sorted(tuple(i) for r in self.topology.ranks(Role.LEARNER)
                           for i in self.accounting.get(r, {}).get("consumed", []))
         left = sorted(tuple(i) for r in self.topology.ranks(Role.LEARNER)

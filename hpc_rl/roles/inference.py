@@ -32,14 +32,13 @@ from hpc_rl.evaluation import policy_from_checkpoint
 from hpc_rl.league.pool import LATEST, OpponentPool, VersionsInPlay
 from hpc_rl.model.device import select_device, to_device
 from hpc_rl.model.policy import Policy, PolicyStep, act, hero_indices
-from hpc_rl.roles.common import patiently, seed_for
+from hpc_rl.roles.common import patiently, seed_for, wait_requests
 from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.protocol import TAG_POOL, TAG_POOL_RESULT, decode_parameters, reply_layout, request_layout
 from hpc_rl.storage import load_checkpoint
 from hpc_rl.storage.layout import RunLayout
 from hpc_rl.storage.checkpoint import checkpoint_name
 from hpc_rl.transport import ExperienceRing, ParameterChannel, StepExchange
-from hpc_rl.transport.wait import Waiter
 
 
 @dataclass
@@ -195,7 +194,7 @@ class InferenceWorker:
     def run(self) -> None:
         self.start()
         while self.live:
-            self.serve(self._wait_requests(self.live))
+            self.serve(wait_requests(self.exchange, self.link, self.config, self.live))
 
     def start(self) -> None:
         """Wait for the learners' first parameters."""
@@ -224,19 +223,6 @@ class InferenceWorker:
                         "passes": self.passes / max(self.batches, 1),
                         "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
                         "seconds": time.monotonic() - self.started, "device": str(self.device)})
-
-    def _wait_requests(self, env_ranks: set[int]) -> dict[int, np.ndarray]:
-        """One request from every live env rank; beats while waiting; names a silent env rank past the deadline."""
-        got: dict[int, np.ndarray] = {}
-        waiter = Waiter(self.config.transport.poll, self.config.transport.timeout_s, "step", None, "requests")
-        while True:
-            got.update(self.exchange.poll_requests())
-            missing = env_ranks - set(got)
-            if not missing:
-                return got
-            waiter.peer = min(missing)
-            self.link.beat()
-            waiter.step()
 
     def _step(self, env_ranks: list[int], messages: dict[int, dict[str, np.ndarray]]) -> None:
         """One policy step for every agent of ``env_ranks`` in one batch."""

@@ -53,8 +53,27 @@ def reply_layout(spec: EnvSpec, num_envs: int) -> ArrayLayout:
     return ArrayLayout({head: ((num_envs, spec.num_agents), np.dtype(np.int64)) for head in HEADS})
 
 
-# The parameter payload: the version as one int64, then the policy's parameters and buffers (the observation
-# normaliser) as float32, in state_dict order.
+def go_request_layout(num_leaves: int, board_size: int) -> ArrayLayout:
+    """env -> inference, every search step of Go's self-play (``env.name=go``): the input planes and legal moves of
+    the step's leaves (at most ``num_leaves``: the env rank's games x ``leaves_per_game``), the first ``count`` rows
+    used, and a stop flag (the env's last message)."""
+    from hpc_rl.envs.go import NUM_PLANES
+
+    actions = board_size * board_size + 1
+    return ArrayLayout({"planes": ((num_leaves, NUM_PLANES, board_size, board_size), np.dtype(np.float32)),
+                        "legal": ((num_leaves, actions), np.dtype(bool)), "count": ((1,), np.dtype(np.int64)),
+                        "stop": ((1,), np.dtype(bool))})
+
+
+def go_reply_layout(num_leaves: int, board_size: int) -> ArrayLayout:
+    """inference -> env, every Go search step: each leaf's priors (softmax over its legal moves) and value for its
+    player to move (the request's first ``count`` rows), and the network version that computed them."""
+    return ArrayLayout({"priors": ((num_leaves, board_size * board_size + 1), np.dtype(np.float32)),
+                        "values": ((num_leaves,), np.dtype(np.float32)), "version": ((1,), np.dtype(np.int64))})
+
+
+# The parameter payload: the version as one int64, then the policy's (or Go network's) parameters and buffers (the
+# observation normaliser; batch norm's statistics) as float32, in state_dict order.
 _VERSION_BYTES = 8
 
 

@@ -123,7 +123,8 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
                      else None)
 
     transport = Transport(comm, config.transport)
-    spec = config.env.make(num_envs=1).spec
+    go = config.env.is_go
+    spec = None if go else config.env.make(num_envs=1).spec
     channels = open_channels(transport, config, spec, topology)
     learner_comm = comm.Split(color=1 if placement.role is Role.LEARNER else MPI.UNDEFINED, key=rank)
     endpoint = MpiControl(control)
@@ -132,27 +133,44 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
              transport.backend, resume_version)
 
     result = None
-    learner = inference = None
+    learner = inference = producer = None  # producer: the rank that puts experience into the rings
     if placement.role is Role.CONTROLLER:
         write_meta(run_dir, world_size=comm.Get_size(), roles=topology.role_map(), rank_hosts=rank_hosts,
                    gpu_slots=slots, transport=transport.meta(), config_hash=config.config_hash(),
                    resumed_from=resume_version)
         controller = Controller(config, topology, endpoint, run_dir, resume_version, stop_flag, lifelines, overrides)
         result = controller.run()
+    elif placement.role is Role.ENV and go:
+        from hpc_rl.roles.go import GoEnvWorker
+
+        producer = GoEnvWorker(config, rank, channels.steps, channels.rings, link, max(resume_version, 0))
+        producer.run()
     elif placement.role is Role.ENV:
         EnvWorker(config, rank, placement.index, channels.steps, link, max(resume_version, 0)).run()
+    elif placement.role is Role.INFERENCE and go:
+        from hpc_rl.roles.go import GoInferenceWorker
+
+        GoInferenceWorker(config, topology.envs_for_inference(placement.index), channels.steps, channels.params, link,
+                          slots[rank]).run()
     elif placement.role is Role.INFERENCE:
         from hpc_rl.roles.inference import InferenceWorker
 
-        inference = InferenceWorker(config, spec, topology.envs_for_inference(placement.index), channels.steps,
-                                    channels.rings, channels.params, link, slots[rank])
+        inference = producer = InferenceWorker(config, spec, topology.envs_for_inference(placement.index),
+                                               channels.steps, channels.rings, channels.params, link, slots[rank])
         inference.run()
     elif placement.role is Role.LEARNER:
-        from hpc_rl.roles.learner import LearnerWorker
+        resumed = (resume_version, learner_state) if learner_state is not None else None
+        allreduce = make_allreduce(config.pipeline.allreduce, learner_comm)
+        if go:
+            from hpc_rl.roles.go import GoLearnerWorker
 
-        learner = LearnerWorker(config, spec, make_allreduce(config.pipeline.allreduce, learner_comm),
-                                channels.rings[placement.index], channels.params, link,
-                                (resume_version, learner_state) if learner_state is not None else None, slots[rank])
+            learner = GoLearnerWorker(config, allreduce, channels.rings[placement.index], channels.params, link,
+                                      resumed, slots[rank])
+        else:
+            from hpc_rl.roles.learner import LearnerWorker
+
+            learner = LearnerWorker(config, spec, allreduce, channels.rings[placement.index], channels.params, link,
+                                    resumed, slots[rank])
         learner.run()
         learner.final_checkpoint()
     elif placement.role is Role.EVALUATOR:
@@ -178,7 +196,8 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
         left = learner.drain()
     if inference is not None:
         inference.receive_pool()
-        link.send({"produced": inference.produced_ids}, TAG_ACCOUNTING)
+    if producer is not None:
+        link.send({"produced": producer.produced_ids}, TAG_ACCOUNTING)
     if learner is not None:
         link.send({"consumed": learner.consumed_ids, "left": left}, TAG_ACCOUNTING)
     link.flush()

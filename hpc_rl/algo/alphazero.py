@@ -1,0 +1,121 @@
+"""AlphaZero's learner for Go (AlphaGo Zero, ELF OpenGo): a FIFO replay buffer of self-play positions and the update
+``(z - v)^2 - pi . log p + c ||theta||^2`` on minibatches drawn uniformly from it, as a learner rank runs them.
+
+With several learners in lockstep, ``allreduce_sum`` sums a tensor over them: gradients are averaged before the
+optimiser's step and batch norm's running statistics after it, so every learner holds the same network.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from hpc_rl import metric_names as M
+from hpc_rl.algo.config import AlphaZeroConfig
+from hpc_rl.algo.reduce import Reduce, identity_reduce
+from hpc_rl.model.go_net import GoNet, alphazero_loss
+from hpc_rl.model.tree import to_numpy_tree, to_torch_tree
+
+
+class ReplayBuffer:
+    """The positions of recent games, first in first out: ``capacity`` positions; a new one replaces the oldest.
+    ``sample`` draws uniformly over those held (with replacement, as AlphaGo Zero's "sampled uniformly")."""
+
+    def __init__(self, capacity: int, board_size: int, num_planes: int):
+        self.capacity = capacity
+        points = board_size * board_size
+        self.planes = np.zeros((capacity, num_planes, board_size, board_size), np.float32)
+        self.pi = np.zeros((capacity, points + 1), np.float32)
+        self.z = np.zeros(capacity, np.float32)
+        self.version = np.zeros(capacity, np.int64)  # the network version that played the position
+        self.size = 0
+        self.next = 0  # the slot the next position goes to: the oldest once the buffer is full
+        self.added = 0  # positions ever added
+
+    def add(self, planes: np.ndarray, pi: np.ndarray, z: np.ndarray, version: np.ndarray) -> None:
+        """Append one game's (or any run of) positions in order."""
+        n = len(z)
+        if n > self.capacity:  # only the newest fit
+            planes, pi, z, version = planes[-self.capacity:], pi[-self.capacity:], z[-self.capacity:], \
+                version[-self.capacity:]
+            self.added += n - self.capacity
+            n = self.capacity
+        rows = (self.next + np.arange(n)) % self.capacity
+        self.planes[rows], self.pi[rows], self.z[rows], self.version[rows] = planes, pi, z, version
+        self.next = (self.next + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+        self.added += n
+
+    def order(self) -> np.ndarray:
+        """The rows held, oldest first."""
+        start = self.next if self.size == self.capacity else 0
+        return (start + np.arange(self.size)) % self.capacity
+
+    def sample(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        if self.size == 0:
+            raise ValueError("sampling an empty replay buffer")
+        rows = rng.integers(0, self.size, n)
+        return {"planes": self.planes[rows], "pi": self.pi[rows], "z": self.z[rows], "version": self.version[rows]}
+
+
+class AlphaZeroLearner:
+    """``update(planes, pi, z) -> metrics``: one gradient step, one network version per call."""
+
+    def __init__(self, net: GoNet, config: AlphaZeroConfig, allreduce_sum: Reduce = identity_reduce,
+                 world_size: int = 1, device: torch.device | str = "cpu"):
+        self.net, self.config = net, config
+        self.allreduce_sum, self.world_size = allreduce_sum, world_size
+        self.device = torch.device(device)
+        params = list(net.parameters())
+        if config.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                                             weight_decay=config.weight_decay)
+        else:
+            self.optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+        self.version = 0
+
+    def update(self, planes: np.ndarray, pi: np.ndarray, z: np.ndarray) -> dict[str, float]:
+        started = time.perf_counter()
+        lr = self.config.learning_rate(self.version)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.net.train()
+        logits, value = self.net(torch.from_numpy(planes).to(self.device))
+        pi_t, z_t = torch.from_numpy(pi).to(self.device), torch.from_numpy(z).to(self.device)
+        value_loss = ((z_t - value) ** 2).mean()
+        loss = alphazero_loss(logits, value, pi_t, z_t)
+        self.optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        finite = self.allreduce_sum(torch.tensor([0.0 if torch.isfinite(loss) else 1.0])).item() == 0
+        if finite:
+            if self.world_size > 1:
+                self._average([p.grad for p in self.net.parameters()])
+            self.optimizer.step()
+        if self.world_size > 1:  # batch norm's running statistics saw this learner's batch only
+            self._average([b for b in self.net.buffers() if b.is_floating_point()])
+        self.version += 1
+        return {M.LOSS: float(loss.detach()), M.VALUE_LOSS: float(value_loss.detach()),
+                M.POLICY_LOSS: float((loss - value_loss).detach()), M.LR: lr,
+                M.NONFINITE_SKIPPED: 0.0 if finite else 1.0, M.UPDATE_SECONDS: time.perf_counter() - started}
+
+    def _average(self, tensors: list[torch.Tensor]) -> None:
+        """Every learner's mean of ``tensors``, in place, in one allreduce."""
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        flat = self.allreduce_sum(flat) / self.world_size
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].reshape(t.shape))
+            offset += t.numel()
+
+    def checkpoint_sections(self) -> dict:
+        """The state as a checkpoint's sections: the network (parameters and batch norm's statistics, under
+        ``params``), the optimiser's momenta, the version."""
+        return {"params": to_numpy_tree(self.net.state_dict()), "optimizer": to_numpy_tree(self.optimizer.state_dict()),
+                "learner": {"version": self.version}}
+
+    def load_checkpoint_sections(self, sections: dict) -> None:
+        self.net.load_state_dict(to_torch_tree(sections["params"]))
+        self.optimizer.load_state_dict(to_torch_tree(sections["optimizer"]))
+        self.version = int(sections["learner"]["version"])

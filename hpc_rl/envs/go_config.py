@@ -1,0 +1,74 @@
+"""Go's settings, importable without numba or torch (``hpc_rl.config`` composes them): the game, the search of
+every move (``PUCTConfig``, run by ``hpc_rl.envs.go_search``) and the network (``GoNetConfig``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hpc_rl.model.config import GoNetConfig
+
+BOARD_SIZES = (5, 19)  # the engine's smallest and largest boards
+
+
+@dataclass(frozen=True)
+class PUCTConfig:
+    """The search's and the self-play move choice's settings; the defaults are ELF OpenGo's training workers'."""
+
+    simulations: int = 1600  # per move, the root's expansion included (AlphaGo Zero's and ELF's 1,600)
+    c_puct: float = 1.5  # ELF's (section 5.1); AlphaGo Zero and AlphaZero leave it unstated
+    virtual_loss: float = 1.0  # ELF's: an in-flight path counts as a lost visit (section 5.2)
+    leaves_per_game: int = 1  # paths in flight per game and step; the batch is games x this
+    dirichlet_alpha: float = 0.03  # root noise Dir(alpha) (AlphaGo Zero, 19x19; AlphaZero scales it ~ 10 / moves)
+    dirichlet_weight: float = 0.25  # epsilon: P = (1 - epsilon) p + epsilon eta at the root; 0: no noise
+    temperature: float = 1.0  # moves drawn from N^(1 / temperature); 0: the most visited (ELF: 1 for all moves)
+    greedy_after: int | None = None  # from this move on, the most visited (AlphaGo Zero, AlphaZero: 30); None: never
+    # Resign when the search's value is below it; None: never. AlphaGo Zero moves it to keep the calibration games'
+    # false positives under 5% (resign_false_positives); -0.9 is a starting point, not a paper's figure.
+    resign_threshold: float | None = -0.9
+    resign_playout_share: float = 0.1  # games that never resign, to measure the threshold's false positives (AGZ)
+
+    def __post_init__(self) -> None:
+        if self.simulations < 2:
+            raise ValueError(f"simulations must be >= 2 (the first expands the root), got {self.simulations}")
+        if self.leaves_per_game < 1:
+            raise ValueError(f"leaves_per_game must be >= 1, got {self.leaves_per_game}")
+        for name in ("c_puct", "virtual_loss", "temperature"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.dirichlet_alpha > 0:
+            raise ValueError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
+        for name in ("dirichlet_weight", "resign_playout_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
+        if self.greedy_after is not None and self.greedy_after < 0:
+            raise ValueError(f"greedy_after must be >= 0 or None, got {self.greedy_after}")
+        if self.resign_threshold is not None and not -1 <= self.resign_threshold <= 1:
+            raise ValueError(f"resign_threshold must lie in [-1, 1] or be None, got {self.resign_threshold}")
+
+
+
+@dataclass(frozen=True)
+class GoConfig:
+    """The Go of a training run (``env.name=go``): every env rank plays ``env.num_envs`` games at once, each move
+    searched by ``search``, the leaves evaluated by ``net`` on the inference ranks."""
+
+    board_size: int = 9
+    komi: float = 7.5
+    max_game_length: int = 0  # moves, passes included; 0: the engine's 2 * size^2
+    search: PUCTConfig = field(default_factory=PUCTConfig)
+    net: GoNetConfig = field(default_factory=GoNetConfig)
+
+    def __post_init__(self) -> None:
+        if not BOARD_SIZES[0] <= self.board_size <= BOARD_SIZES[1]:
+            raise ValueError(f"board_size must lie in [{BOARD_SIZES[0]}, {BOARD_SIZES[1]}], got {self.board_size}")
+        if self.max_game_length < 0:
+            raise ValueError(f"max_game_length must be >= 0 (0: 2 * size^2), got {self.max_game_length}")
+
+    @property
+    def num_actions(self) -> int:
+        return self.board_size ** 2 + 1
+
+    @property
+    def game_length(self) -> int:
+        """The longest game in moves: what one game's record must hold."""
+        return self.max_game_length or 2 * self.board_size ** 2

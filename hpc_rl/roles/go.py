@@ -1,0 +1,332 @@
+"""Go's self-play on the ranks (``env.name=go``): AlphaZero as ELF OpenGo runs it, on the roles and channels of the
+MOBA's job.
+
+    env rank:       SelfPlay of env.num_envs games and their search trees; every search step: send the leaves'
+                    planes and legal moves, receive priors and values, back them up; when a move's search is done in
+                    every game, play the moves; put every finished game's record into a learner's ring (round-robin)
+    inference rank: one batch of the leaves of all its env ranks through the latest published GoNet; reply with the
+                    priors (softmax over the legal moves) and values, and the network's version
+    learner rank:   take whole games from its ring into a FIFO replay buffer of positions; in lockstep with the other
+                    learners (the allreduced control vector), one AlphaZero update on a minibatch drawn uniformly
+                    from it; learner 0 publishes, sends metrics and checkpoints to the controller
+
+The env rank writes the rings itself: the trees, the games and their records live there (ELF: the trainer receives
+whole games from the self-play clients), a game's outcome z is known only there and only at its end, and the
+inference rank's step stays a stateless batch evaluation. Passing the records through the inference rank would copy
+every position once more and make it track games it does not otherwise know.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from hpc_rl import metric_names as M
+from hpc_rl.algo.alphazero import AlphaZeroLearner, ReplayBuffer
+from hpc_rl.config import TrainConfig
+from hpc_rl.data.batch import GameSchema, SegmentError
+from hpc_rl.envs.go import NUM_PLANES
+from hpc_rl.envs.go_search import GameRecord, SelfPlay
+from hpc_rl.model.device import select_device
+from hpc_rl.model.go_net import GoNet, NetEvaluator
+from hpc_rl.roles.allreduce import Allreduce
+from hpc_rl.roles.common import Backoff, patiently, pull_parameters, seed_for, wait_requests
+from hpc_rl.roles.control import ControlLink
+from hpc_rl.roles.learner import CONTROL, may_update
+from hpc_rl.roles.protocol import (TAG_CHECKPOINT, TAG_DONE, TAG_HALT, TAG_METRICS, TAG_STOP, encode_parameters,
+                                   go_reply_layout, go_request_layout)
+from hpc_rl.transport import ExperienceRing, ParameterChannel, StepExchange
+
+log = logging.getLogger(__name__)
+
+
+def game_seeds(seed: int, rank: int, version: int, num_games: int) -> list[int]:
+    """The search streams of an env rank's games: from (seed, rank, version), as env ranks are seeded."""
+    base = seed_for(seed, rank, version)
+    return [(base + i) % 2**63 for i in range(num_games)]
+
+
+class GoEnvWorker:
+    """An env rank's self-play: ``env.num_envs`` games searched together, their leaves evaluated by its inference
+    rank one batch per step; finished games' records go to the learners' rings."""
+
+    def __init__(self, config: TrainConfig, rank: int, exchange: StepExchange, rings: list[ExperienceRing],
+                 link: ControlLink, version: int):
+        self.config, self.rank, self.exchange, self.rings, self.link = config, rank, exchange, rings, link
+        go, n = config.env.go, config.env.num_envs
+        self.selfplay = SelfPlay(go.search, game_seeds(config.seed, rank, version, n), go.board_size, go.komi,
+                                 go.max_game_length or None, restart=True)
+        leaves = n * go.search.leaves_per_game
+        self.requests = go_request_layout(leaves, go.board_size)
+        self.replies = go_reply_layout(leaves, go.board_size)
+        self.request = {k: np.zeros(f.shape, f.dtype) for k, f in self.requests.fields.items()}
+        self.buffer = np.empty(self.requests.nbytes, np.uint8)
+        self.schema = GameSchema(go.board_size, go.game_length)
+        self.slot = np.empty(self.schema.layout.nbytes, np.uint8)
+        self.count = 0
+        self.next_ring = 0
+        self.produced_ids: list[tuple[int, int, int]] = []  # (this rank, this rank, game number) of every game put
+        self.stats = dict.fromkeys(("env_steps", "games", "game_moves", "resigned", "calibration_would_resign",
+                                    "calibration_false_positives", "request_bytes", "segment_bytes"), 0)
+
+    def run(self) -> None:
+        self.start()
+        while self.send():
+            self.receive()
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+
+    def send(self) -> bool:
+        """Send this search step's leaves; False if it was the last message (the controller said stop)."""
+        stop = self.link.receive(TAG_STOP) is not None
+        if stop:
+            self.count = 0
+        else:
+            planes, legal = self.selfplay.select()
+            self.count = len(planes)
+            self.request["planes"][:self.count] = planes
+            self.request["legal"][:self.count] = legal
+        self.request["count"][0], self.request["stop"][0] = self.count, stop
+        payload = self.requests.pack(self.request, self.buffer)
+        self.exchange.send_request(payload)
+        self.stats["request_bytes"] += payload.nbytes
+        return not stop
+
+    def receive(self) -> None:
+        """The priors and values of the leaves just sent: back them up; ship the games that ended."""
+        reply = self.replies.unpack(patiently(self.exchange.wait_reply, self.link, self.config.transport.timeout_s))
+        finished = self.selfplay.expand_and_backup(reply["priors"][:self.count], reply["values"][:self.count],
+                                                   int(reply["version"][0]))
+        self.stats["env_steps"] = self.selfplay.moves
+        for _, record in finished:
+            self._ship(record)
+        self.link.beat({**self.stats, "seconds": time.monotonic() - self.started})
+
+    def _ship(self, record: GameRecord) -> None:
+        seq = len(self.produced_ids) + 1
+        payload = self.schema.pack(record, self.rank, seq, self.slot)
+        ring = self.rings[self.next_ring]  # round-robin, so every learner's buffer fills at the same rate
+        patiently(lambda timeout: ring.put(payload, timeout), self.link, self.config.transport.timeout_s)
+        self.next_ring = (self.next_ring + 1) % len(self.rings)
+        self.produced_ids.append((self.rank, self.rank, seq))
+        self.stats["games"] += 1
+        self.stats["game_moves"] += len(record.z)
+        self.stats["resigned"] += int(record.resigned)
+        self.stats["segment_bytes"] += payload.nbytes
+        if record.playout and record.would_resign >= 0:
+            self.stats["calibration_would_resign"] += 1
+            self.stats["calibration_false_positives"] += int(record.winner != 1 - record.would_resign)
+
+
+class GoInferenceWorker:
+    """An inference rank's evaluations: every step, the leaves of all its env ranks in one batch through the latest
+    published network."""
+
+    def __init__(self, config: TrainConfig, env_ranks: list[int], exchange: StepExchange, params: ParameterChannel,
+                 link: ControlLink, gpu_slot: int = 0):
+        self.config, self.env_ranks, self.exchange, self.params, self.link = config, env_ranks, exchange, params, link
+        go = config.env.go
+        self.device = select_device(config.pipeline.inference_device, gpu_slot)
+        self.net = GoNet(go.net, go.board_size).to(self.device)
+        self.evaluate = NetEvaluator(self.net, self.device)
+        leaves = config.env.num_envs * go.search.leaves_per_game
+        self.requests = go_request_layout(leaves, go.board_size)
+        self.replies = go_reply_layout(leaves, go.board_size)
+        self.reply = {k: np.zeros(f.shape, f.dtype) for k, f in self.replies.fields.items()}
+        self.reply_buffer = np.empty(self.replies.nbytes, np.uint8)
+        self.version = -1
+        self.batches = self.leaves = 0
+        self.infer_seconds = 0.0
+
+    def run(self) -> None:
+        self.start()
+        while self.live:
+            self.serve(wait_requests(self.exchange, self.link, self.config, self.live))
+
+    def start(self) -> None:
+        """Wait for the learners' first parameters."""
+        self.version = pull_parameters(self.params, self.link, self.config, self.net, wait=True)
+        self.live = set(self.env_ranks)
+        self.started = time.monotonic()
+
+    def serve(self, requests: dict[int, np.ndarray]) -> None:
+        newer = pull_parameters(self.params, self.link, self.config, self.net, wait=False)
+        self.version = self.version if newer is None else newer
+        messages = {e: self.requests.unpack(p) for e, p in requests.items()}
+        for e, m in messages.items():
+            if m["stop"][0]:
+                self.live.discard(e)
+        active = [e for e in sorted(messages) if e in self.live]
+        counts = [int(messages[e]["count"][0]) for e in active]
+        if sum(counts):
+            t0 = time.perf_counter()
+            priors, values = self.evaluate(np.concatenate([messages[e]["planes"][:c] for e, c in zip(active, counts)]),
+                                           np.concatenate([messages[e]["legal"][:c] for e, c in zip(active, counts)]))
+            self.infer_seconds += time.perf_counter() - t0
+            self.batches += 1
+            self.leaves += sum(counts)
+        offset = 0
+        for e, c in zip(active, counts):
+            self.reply["priors"][:c] = priors[offset:offset + c] if c else 0.0
+            self.reply["values"][:c] = values[offset:offset + c] if c else 0.0
+            self.reply["version"][0] = self.version
+            offset += c
+            self.exchange.send_reply(e, self.replies.pack(self.reply, self.reply_buffer))
+        self.link.beat({"version": self.version, "mean_batch": self.leaves / max(self.batches, 1), "passes": 1.0,
+                        "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
+                        "seconds": time.monotonic() - self.started, "device": str(self.device)})
+
+
+class GoLearnerWorker:
+    """A learner rank: games from its ring into its replay buffer, AlphaZero updates in lockstep with the other
+    learners (every decision from the allreduced control vector, as the PPO learners take theirs)."""
+
+    def __init__(self, config: TrainConfig, allreduce: Allreduce, ring: ExperienceRing, params: ParameterChannel,
+                 link: ControlLink, resume: tuple[int, dict] | None, gpu_slot: int = 0):
+        self.config, self.allreduce, self.ring, self.params, self.link = config, allreduce, ring, params, link
+        self.index = allreduce.rank
+        go, az = config.env.go, config.alphazero
+        self.device = select_device(config.pipeline.learner_device, gpu_slot)
+        torch.manual_seed(config.seed)
+        self.net = GoNet(go.net, go.board_size).to(self.device)
+        self.learner = AlphaZeroLearner(self.net, az, allreduce.sum, allreduce.size, self.device)
+        if resume is not None:
+            self.learner.load_checkpoint_sections(resume[1])
+        # Learners start from learner 0's network.
+        self.allreduce.broadcast_([t for t in self.net.state_dict().values() if t.is_floating_point()])
+        self.buffer = ReplayBuffer(az.replay_positions, go.board_size, NUM_PLANES)
+        self.schema = GameSchema(go.board_size, go.game_length)
+        self.rng = np.random.default_rng([config.seed, self.index, self.learner.version])
+        self.target_reuse = float("inf") if az.target_reuse is None else az.target_reuse
+        self.produced = 0.0  # positions received
+        self.consumed = 0.0  # positions sampled by updates
+        self.rejected = 0
+        self.consumed_ids: list[tuple[int, int, int]] = []  # games taken into the replay buffer
+        self.left: list[tuple[int, int, int]] = []  # games taken after the learners stopped
+        self.stop_version = 0
+        self.nonfinite_streak = 0
+        self.done = False
+        self.halted: str | None = None
+
+    def publish(self) -> None:
+        self.params.publish(encode_parameters(self.learner.version, self.net))
+
+    def start(self) -> None:
+        if self.index == 0:
+            self.publish()
+        self.started = time.monotonic()
+
+    def run(self) -> int:
+        self.start()
+        backoff = Backoff(self.config.transport.poll)
+        while not self.done:
+            if self.halted is not None:
+                self._await_abort()
+            if self.step():
+                backoff.reset()
+            else:
+                backoff.wait()
+        return self.learner.version
+
+    def take_games(self) -> list[tuple[int, int, int]]:
+        """Every game in the ring into the replay buffer, oldest first; their ids."""
+        views = self.ring.take_view()
+        taken = []
+        try:
+            for seg in views:
+                try:
+                    record, env_rank, seq = self.schema.unpack(seg.payload)
+                except SegmentError as err:
+                    self.rejected += 1
+                    log.warning("game from rank %d seq %d rejected: %s", seg.writer, seg.seq, err)
+                    continue
+                self.buffer.add(record.planes, record.pi, record.z, record.versions)
+                self.produced += len(record.z)
+                taken.append((seg.writer, env_rank, seq))
+        finally:
+            self.ring.release(views)
+        return taken
+
+    def _control(self, ready: bool, batch: float) -> dict[str, float]:
+        stop = self.link.receive(TAG_STOP) if self.index == 0 else None
+        if stop is not None:
+            self.stop_version = int(stop)
+        local = {"not_ready": 0.0 if ready else 1.0, "stop_version": float(self.stop_version),
+                 "produced": self.produced, "consumed": self.consumed, "next_batch": batch,
+                 "rejected": float(self.rejected)}
+        summed = self.allreduce.sum(torch.tensor([local[k] for k in CONTROL], dtype=torch.float64)).numpy()
+        return dict(zip(CONTROL, summed.tolist()))
+
+    def step(self) -> bool:
+        """Take the games that arrived; if every learner holds ``min_positions`` and the reuse target allows it, make
+        one update together. True if an update was made."""
+        if self.done or self.halted is not None:
+            return False
+        az, pipeline = self.config.alphazero, self.config.pipeline
+        self.consumed_ids += self.take_games()
+        control = self._control(self.buffer.size >= az.min_positions, float(az.batch_size))
+        stop = control["stop_version"]
+        if self.learner.version >= pipeline.max_versions or (stop and self.learner.version >= stop):
+            self._finish()
+            return False
+        self.link.beat(self._stats())
+        if not may_update(control, 1, self.target_reuse):
+            return False
+        batch = self.buffer.sample(az.batch_size, self.rng)
+        metrics = self.learner.update(batch["planes"], batch["pi"], batch["z"])
+        self.consumed += az.batch_size
+        version = self.learner.version
+        skipped = metrics[M.NONFINITE_SKIPPED] > 0
+        self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
+        staleness = np.maximum(version - 1 - batch["version"], 0)
+        summed = self.allreduce.sum(torch.tensor([staleness.sum(), staleness.size], dtype=torch.float64)).numpy()
+        if self.index == 0:
+            if version % pipeline.publish_every == 0:
+                self.publish()
+            consumed = control["consumed"] + control["next_batch"]
+            metrics.update({M.STALENESS_MEAN: summed[0] / max(summed[1], 1.0),
+                            M.REUSE: consumed / max(control["produced"], 1.0),
+                            M.REJECTED_SEGMENTS: control["rejected"], M.LEARNER_SAMPLES: consumed,
+                            M.LEARNER_SAMPLES_PER_S: consumed / max(time.monotonic() - self.started, 1e-9),
+                            M.REPLAY_POSITIONS: float(self.buffer.size)})
+            self.link.send((version, metrics), TAG_METRICS)
+            if version % pipeline.checkpoint_every == 0 and not self.nonfinite_streak:
+                self.link.send((version, self.learner.checkpoint_sections()), TAG_CHECKPOINT)
+        if self.nonfinite_streak >= pipeline.max_nonfinite:
+            self.halted = (f"non-finite halt at version {version}: {self.nonfinite_streak} updates in a row had "
+                           f"non-finite losses (pipeline.max_nonfinite={pipeline.max_nonfinite})")
+            log.error(self.halted)
+            if self.index == 0:
+                self.link.send(self.halted, TAG_HALT)
+        return True
+
+    def _finish(self) -> None:
+        self.done = True
+        if self.index == 0:
+            self.link.send(self.learner.version, TAG_DONE)
+        self.link.beat(self._stats(), force=True)
+
+    def _await_abort(self) -> None:
+        """As the PPO learners: wait, beating, for the controller to end the job after a non-finite halt."""
+        deadline = time.monotonic() + self.config.pipeline.heartbeat_timeout_s
+        while time.monotonic() < deadline:
+            self.link.beat()
+            time.sleep(0.1)
+        raise FloatingPointError(f"{self.halted}; the controller did not end the job")
+
+    def final_checkpoint(self) -> None:
+        if self.index == 0:
+            self.link.send((self.learner.version, self.learner.checkpoint_sections()), TAG_CHECKPOINT)
+
+    def drain(self) -> list[tuple[int, int, int]]:
+        """Games that arrive after the learners stopped: never trained on (the accounting's "left")."""
+        self.left += self.take_games()
+        return self.left
+
+    def _stats(self) -> dict:
+        return {"version": self.learner.version, "produced": self.produced, "consumed": self.consumed,
+                "held": self.buffer.size, "seconds": time.monotonic() - self.started, "device": str(self.device)}

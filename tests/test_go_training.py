@@ -1,0 +1,136 @@
+"""Go's self-play -> learn -> checkpoint (env.name=go, hpc_rl.roles.go): the role logic in one process, and one real
+MPI job on 5x5 that commits checkpoints and resumes."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+from hpc_rl import metric_names as M
+from hpc_rl.algo.alphazero import AlphaZeroLearner, ReplayBuffer
+from hpc_rl.algo.config import AlphaZeroConfig
+from hpc_rl.config import TrainConfig, build_config, register
+from hpc_rl.data.batch import GameSchema, SegmentError
+from hpc_rl.envs.go import NUM_PLANES, GoGames
+from hpc_rl.launch import mpirun_command, rank_env, set_torch_threads
+from hpc_rl.model.config import GoNetConfig
+from hpc_rl.model.go_net import GoNet
+from hpc_rl.runner import SerialRunner
+from hpc_rl.storage import open_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def go5(runs: Path, *overrides: str) -> TrainConfig:
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return build_config(compose("train", overrides=["experiment=go5", f"runs_dir={runs}", *overrides]))
+
+
+def test_replay_buffer_keeps_the_newest_positions_in_order_and_samples_them_uniformly():
+    buffer = ReplayBuffer(5, 5, NUM_PLANES)
+
+    def add(first: int, n: int) -> None:  # positions labelled by their version
+        buffer.add(np.zeros((n, NUM_PLANES, 5, 5), np.float32), np.full((n, 26), 1 / 26, np.float32),
+                   np.zeros(n, np.float32), np.arange(first, first + n))
+
+    add(0, 3)
+    assert list(buffer.version[buffer.order()]) == [0, 1, 2]
+    add(3, 4)  # two of the oldest make way
+    assert list(buffer.version[buffer.order()]) == [2, 3, 4, 5, 6] and buffer.size == 5
+    add(7, 7)  # more than it holds at once: the newest five
+    assert list(buffer.version[buffer.order()]) == [9, 10, 11, 12, 13] and buffer.added == 14
+    drawn = buffer.sample(20_000, np.random.default_rng(0))["version"]
+    counts = np.bincount(drawn - 9, minlength=5)
+    assert set(drawn) == {9, 10, 11, 12, 13} and np.all(np.abs(counts / 20_000 - 0.2) < 0.015)
+
+
+def test_alphazero_update_lowers_the_loss_on_a_fixed_batch_and_its_checkpoint_restores_it():
+    set_torch_threads()
+    rng = np.random.default_rng(0)
+    planes = (rng.random((32, NUM_PLANES, 5, 5)) < 0.3).astype(np.float32)
+    pi = rng.dirichlet(np.ones(26), 32).astype(np.float32)
+    z = rng.choice([-1.0, 1.0], 32).astype(np.float32)
+    config = AlphaZeroConfig(replay_positions=64, min_positions=1, batch_size=32, lr=0.05, lr_drops=(20,))
+    learner = AlphaZeroLearner(GoNet(GoNetConfig(blocks=1, filters=8), 5), config)
+    metrics = [learner.update(planes, pi, z) for _ in range(30)]
+    # The policy part cannot fall below pi's entropy: the loss above that floor must.
+    floor = float(-(pi * np.log(pi)).sum(1).mean())
+    losses = [m[M.LOSS] - floor for m in metrics]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert np.isclose(metrics[0][M.LOSS], metrics[0][M.VALUE_LOSS] + metrics[0][M.POLICY_LOSS], atol=1e-5)
+    assert [m[M.LR] for m in metrics[19:21]] == [0.05, pytest.approx(0.005)] and learner.version == 30
+    restored = AlphaZeroLearner(GoNet(GoNetConfig(blocks=1, filters=8), 5), config)
+    restored.load_checkpoint_sections(learner.checkpoint_sections())
+    assert restored.version == 30
+    a, b = learner.net.state_dict(), restored.net.state_dict()
+    assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
+    assert restored.optimizer.state_dict()["state"].keys() == learner.optimizer.state_dict()["state"].keys()
+
+
+def test_env_rank_records_games_with_the_search_policy_and_each_players_outcome(tmp_path):
+    """The env, inference and learner roles of a Go job in one process (the serial runner): the records that reach
+    the ring hold a distribution pi per position and z the game's result for the player to move; the run then
+    learns and commits its checkpoints."""
+    set_torch_threads()
+    config = go5(tmp_path, "run_name=serial", "pipeline.max_versions=2")
+    runner = SerialRunner(config)
+    schema = GameSchema(5, config.env.go.game_length)
+    records = []
+    while len(records) < 3:
+        records += runner.collect_games()
+    for record in records:
+        assert np.allclose(record.pi.sum(1), 1.0, atol=1e-5) and (record.pi >= 0).all()
+        assert set(np.unique(record.z)) <= {-1.0, 0.0, 1.0}
+        assert list(record.to_play) == [i % 2 for i in range(len(record.z))]  # black first, then alternating
+        games = GoGames(1, 5, komi=0.5)
+        moves = record.actions[:-1] if record.resigned else record.actions
+        for action in moves:
+            games.step(np.array([action]))
+        if record.resigned:  # the player to move at the last position resigned
+            assert not games.terminal[0] and record.winner == 1 - record.to_play[-1]
+        else:
+            assert games.terminal[0]
+            returns = games.returns()[0]
+            assert np.array_equal(record.z, returns[record.to_play].astype(np.float32))
+        assert (record.versions >= 0).all()
+        again, _, _ = schema.unpack(schema.pack(record, 1, 1))  # the wire keeps every field
+        assert np.array_equal(again.planes, record.planes) and again.winner == record.winner
+    broken = records[0]
+    broken.z = -broken.z if broken.winner >= 0 else broken.z + 1
+    with pytest.raises(SegmentError, match="outcomes"):
+        schema.unpack(schema.pack(broken, 1, 1))
+    metrics = runner.run()
+    assert metrics[M.GO_GAMES] >= 1 and metrics[M.REPLAY_POSITIONS] >= config.alphazero.min_positions
+    assert open_run(tmp_path / "serial").checkpoint_versions[-1] == 2
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_go_selfplay_learns_and_commits_checkpoints_under_mpi_and_resumes(tmp_path):
+    """Controller, env, inference and learner ranks on 5x5: games played, positions learned from, versions 2 and 4
+    committed, every game accounted for; the run then resumes from version 4 for one more version. The resume runs
+    the same roles in one process (the serial runner): a second launch of four ranks would double the test's cost,
+    and the MPI job's resume path (the controller sending the checkpoint's sections to the learners) is the MOBA's."""
+    cmd = mpirun_command(4, [str(ROOT / "jobs/train.py"), "experiment=go5", "run_name=go", f"runs_dir={tmp_path}"])
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=rank_env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = open_run(tmp_path / "go")
+    assert run.checkpoint_versions == [2, 4]
+    assert list(run.metrics[M.LOSS]["version"]) == [1, 2, 3, 4]
+    assert run.metrics[M.GO_GAMES]["value"][-1] >= 1
+    assert run.meta["transport"]["backend"] in ("rma", "twosided")
+    accounting = json.loads((tmp_path / "go" / "accounting.json").read_text())
+    produced, consumed, left = ({tuple(i) for i in accounting[k]} for k in ("produced", "consumed", "left"))
+    assert consumed and consumed | left == produced and not consumed & left
+    set_torch_threads()
+    runner = SerialRunner(go5(tmp_path, "run_name=go", "pipeline.max_versions=5"))
+    assert runner.learner.version == 4
+    runner.run()
+    run = open_run(tmp_path / "go")
+    assert run.checkpoint_versions[-1] == 5
+    assert list(run.metrics[M.LOSS]["version"]) == [1, 2, 3, 4, 5]
