@@ -68,6 +68,7 @@ NEW_VERSION_SHARE_TARGET = "env/new_version_share_target"
 WIN_RATE_VS_SCRIPTED_NEW_VERSION = "eval/win_rate_vs_scripted_new_version"
 GAMES_VS_SCRIPTED_NEW_VERSION = "eval/games_vs_scripted_new_version"
 EPISODE_RETURN = "stats/episode_return"  # Gymnasium, PettingZoo (per agent): mean return of the last ten versions' episodes
+EPISODE_LENGTH = "stats/episode_length"  # episodes that end per agent (Neural MMO: lifetimes), last ten versions
 POOL_SIZE = "league/pool_size"
 GAMES_VS_PAST = "league/games_vs_past"
 SCORE_VS_PAST = "league/score_vs_past"

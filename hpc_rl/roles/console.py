@@ -90,6 +90,11 @@ def final_eval_line(final: Mapping | None) -> str:
         low, high = final["ci95"]
         return (f"win rate {final['win_rate']:.2f} [{low:.2f}, {high:.2f}] over {final['games']} games vs "
                 f"{final['bot']} (both sides, draws lose), {final['seconds']:.0f} s")
+    if "lifetime_ratio" in final:
+        p, r = final["policy"], final["random"]
+        return (f"mean lifetime {p['mean_lifetime']:.1f} [{p['ci95'][0]:.1f}, {p['ci95'][1]:.1f}] vs random "
+                f"{r['mean_lifetime']:.1f} [{r['ci95'][0]:.1f}, {r['ci95'][1]:.1f}] ({final['lifetime_ratio']:.2f}x) "
+                f"over the first agents of {final['worlds']} worlds' slots, {final['seconds']:.0f} s")
     return (f"mean greedy return {final['mean_return']:.1f} (std {final['std_return']:.1f}) over "
             f"{final['episodes']} episodes, {final['seconds']:.0f} s")
 
