@@ -205,9 +205,9 @@ def final_evaluation(policy: Policy, config: TrainConfig, games: int, seed: int 
         for name, player in (("policy", policy), ("random", "random")):
             lifetimes, censored = nmmo_lifetimes(player, config, games, seed)
             mean, low, high = mean_ci95(lifetimes)
-            result[name] = {"agents": int(lifetimes.size), "mean_lifetime": mean, "ci95": [low, high],
-                            "alive_at_end": censored}
-        result["lifetime_ratio"] = result["policy"]["mean_lifetime"] / result["random"]["mean_lifetime"]
+            result.update({f"{name}_agents": int(lifetimes.size), f"{name}_mean_lifetime": mean,
+                           f"{name}_ci95": [low, high], f"{name}_alive_at_end": censored})
+        result["lifetime_ratio"] = result["policy_mean_lifetime"] / result["random_mean_lifetime"]
     elif config.env.is_moba:
         r = play_vs_bot(policy, config, "scripted", games, seed)
         result = {"games": r["games"], "wins": r["wins"], "draws": r["draws"], "win_rate": r["win_rate"],
