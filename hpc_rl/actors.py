@@ -73,3 +73,10 @@ class PolicyActor:
         if done.shape != (self.agents.shape[0],):
             raise ValueError(f"done must have one entry per copy ({self.agents.shape[0]}), got shape {done.shape}")
         self.starts |= done[self.copy]
+
+    def reset_agents(self, ends: np.ndarray) -> None:
+        """``ends`` (E, A) bool: the agents whose episode ended (a world that ends episodes per agent,
+        ``EnvSpec.episode_ends``); their next step starts from a fresh LSTM state."""
+        if ends.shape != self.agents.shape:
+            raise ValueError(f"ends must be {self.agents.shape}, got {ends.shape}")
+        self.starts |= ends.reshape(-1)[self.rows]

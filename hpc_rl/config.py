@@ -49,7 +49,7 @@ class EnvConfig:
     """Which environment every env rank simulates, and how many copies of it."""
 
     # "moba" (the embedded MOBA, settings in ``moba``), "nmmo" (the embedded Neural MMO world, settings in ``nmmo``:
-    # env ranks can step it; training does not read its per-agent episodes yet), "gym:<Gymnasium id>"
+    # one population, every agent learning, an agent's episode its lifetime: docs/nmmo.md), "gym:<Gymnasium id>"
     # (gym:CartPole-v1) or "pettingzoo:<module>", a PettingZoo parallel environment's module
     # (pettingzoo:mpe2.simple_spread_v3): every agent of every copy is played and trained by the one policy
     # (hpc_rl.envs.pettingzoo_adapter), or "go" (AlphaZero's self-play of ``go``: docs/go.md, "Training")
@@ -251,7 +251,8 @@ class PipelineConfig:
     max_seconds: float = 0.0  # stop after this much wall time (0: no limit)
     final_eval_games: int = 100  # a job that ends with a committed checkpoint (finished or its time limit) plays
     #                              this many games of it against the scripted bot, half on each side (Gymnasium:
-    #                              greedy episodes) for summary.json; even; 0: off
+    #                              greedy episodes; Neural MMO: worlds, for the mean lifetime of the policy's agents
+    #                              and the random bot's) for summary.json; even; 0: off
     checkpoint_every: int = 10  # versions between checkpoints (the last version is always checkpointed)
     keep_last: int = 3  # checkpoints kept: the last K ...
     keep_every: int = 50  # ... plus every M-th version
@@ -381,10 +382,13 @@ class TrainConfig:
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.env.is_nmmo:
-            # Env ranks and learners end episodes per copy (dones); a Neural MMO agent's ends at its death
-            # (infos["agent_done"]) while its world goes on, which they do not read yet.
-            raise ValueError("env.name=nmmo can not be trained yet: the pipeline ends episodes per copy, and a Neural "
-                             "MMO agent's episode ends at its death while its world goes on")
+            # One population in one world: no second team for the scripted bot or a past version to play, and a
+            # team spirit would share every reward with the whole population.
+            for key, value in (("env.vs_scripted_fraction", self.env.vs_scripted_fraction),
+                               ("league.past_fraction", self.league.past_fraction),
+                               ("ppo.team_spirit", max(self.ppo.team_spirit(0), self.ppo.team_spirit(10**9)))):
+                if value:
+                    raise ValueError(f"{key} must be 0 for env.name=nmmo (one population, no teams), got {value}")
         if self.topology.evaluator and not self.env.is_moba:
             raise ValueError(f"topology.evaluator must be 0 for env.name={self.env.name}: evaluator ranks rate MOBA "
                              "policies against the reference bots; rate a Gymnasium run's greedy return offline with "

@@ -4,6 +4,7 @@
     evaluate_return(policy, config.env.make(num_envs=20), seed=0)   # Gymnasium: returns of greedy play
     play_vs_bot(policy, config, "scripted", games=400, seed=0)   # MOBA: wins, draws, losses against a reference bot
     play_match(policy, older_policy, config, games=64, seed=0)  # MOBA: two policies (or a policy and a bot), any pair
+    nmmo_lifetimes(policy, config, copies=4, seed=0)   # Neural MMO: the lifetime of the first agent of every slot
     final_evaluation(policy, config, games=100)    # the end-of-run evaluation of summary.json (jobs/evaluate.py)
 """
 
@@ -29,6 +30,8 @@ from hpc_rl.storage import Checkpoint, open_run
 
 # The end-of-run evaluation's seed: fixed, so that every run (and jobs/evaluate.py) plays the same games.
 FINAL_EVAL_SEED = 12345
+# Neural MMO: the ticks a lifetime evaluation plays at most; an agent still alive then counts the ticks it lived.
+NMMO_EVAL_TICKS = 1000
 
 Player = Policy | str  # a policy, or the name of a reference bot ("random", "scripted")
 
@@ -129,17 +132,83 @@ def play_vs_bot(policy: Policy, config: TrainConfig, bot: str, games: int, seed:
     return {**result, "bot": bot, "bot_hash": scripted_bot_hash() if bot == "scripted" else None}
 
 
+def nmmo_lifetimes(player: Policy | str, config: TrainConfig, copies: int, seed: int,
+                   max_ticks: int = NMMO_EVAL_TICKS) -> tuple[np.ndarray, int]:
+    """Neural MMO: ``player`` (a policy, sampling as in training, or "random", uniform over the legal actions) plays
+    every agent of ``copies`` worlds of the run's settings from ``seed``, until the first ``num_agents`` agents to
+    spawn in each world have died, or ``max_ticks`` ticks. Returns their lifetimes (ticks), and how many of them were
+    still alive at the end (they count the ticks they had lived: a lower bound). A cohort of the first spawns has the
+    same size for every player, unlike the deaths within a window of ticks, which favour short lives."""
+    from hpc_rl.envs.scripted import RandomBot
+
+    if not config.env.is_nmmo:
+        raise ValueError("nmmo_lifetimes needs a Neural MMO run (env.name=nmmo)")
+    if isinstance(player, str) and player != "random":
+        raise ValueError(f"unknown player {player!r}: a policy or 'random'")
+    env = config.env.make(num_envs=copies)
+    spec = env.spec
+    n = spec.num_agents
+    everyone = np.ones((copies, n), dtype=bool)
+    actor = RandomBot(seed + 1) if isinstance(player, str) else PolicyActor(player, everyone)
+    torch.manual_seed(seed)
+    obs = env.reset(seed)
+    occupied = spec.occupied(obs["global"])
+    who = np.where(occupied, 0, -1)  # the spawn index of every slot's agent (-1: empty); reset spawns one agent
+    spawns = occupied.sum(axis=1)  # agents spawned so far, per world
+    spawn_tick = np.zeros((copies, n), dtype=np.int64)  # per world, of its first n agents
+    lifetime = np.zeros((copies, n), dtype=np.int64)
+    died = np.zeros((copies, n), dtype=bool)
+    tick = 0
+    while not ((spawns >= n).all() and died.all()) and tick < max_ticks:
+        obs, _, dones, infos = env.step(actor.act(obs))
+        tick += 1
+        now = spec.occupied(obs["global"])
+        for e, a in zip(*np.nonzero(infos["agent_done"])):
+            if 0 <= who[e, a] < n:
+                lifetime[e, who[e, a]], died[e, who[e, a]] = infos["lifetime"][e, a], True
+            who[e, a] = -1
+        for e, a in zip(*np.nonzero(now & (who < 0))):  # a spawn (one per world and tick at most)
+            who[e, a] = spawns[e]
+            if spawns[e] < n:
+                spawn_tick[e, spawns[e]] = tick
+            spawns[e] += 1
+        occupied = now
+        if isinstance(actor, PolicyActor):  # as inference ranks: a fresh state after a death and in an empty slot
+            actor.reset_agents(spec.episode_ends(dones, infos["agent_done"]) | ~occupied)
+    cohort = np.arange(n)[None, :] < spawns[:, None]
+    alive = cohort & ~died
+    lifetime[alive] = tick - spawn_tick[alive]
+    return lifetime[cohort].astype(np.float64), int(alive.sum())
+
+
+def mean_ci95(values: np.ndarray) -> tuple[float, float, float]:
+    """The mean and its 95% interval (normal approximation: mean ± 1.96 standard errors)."""
+    mean = float(np.mean(values))
+    half = 1.96 * float(np.std(values, ddof=1)) / np.sqrt(values.size) if values.size > 1 else float("nan")
+    return mean, mean - half, mean + half
+
+
 def final_evaluation(policy: Policy, config: TrainConfig, games: int, seed: int = FINAL_EVAL_SEED) -> dict:
     """The evaluation a training job ends with (``final_eval`` of summary.json), timed in ``seconds``.
 
     MOBA: ``games`` games against the frozen scripted bot, half on each side, the policy sampling its actions as in
     training; draws (time limit) count as losses in ``win_rate`` and its 95% Wilson interval ``ci95``. Gymnasium and
     PettingZoo: the greedy return of one episode in each of ``games`` env copies (``mean_return``, ``std_return``;
-    PettingZoo: per agent, the mean of the agents' returns in each episode)."""
+    PettingZoo: per agent, the mean of the agents' returns in each episode). Neural MMO: the mean lifetime of the
+    first agents of ``games`` worlds' slots (``nmmo_lifetimes``) played by the policy and, in the same worlds, by
+    the random bot, each with its 95% interval, and their ratio."""
     if games < 2 or games % 2:
         raise ValueError(f"the final evaluation needs an even number of games >= 2 (half on each side), got {games}")
     started = time.monotonic()
-    if config.env.is_moba:
+    if config.env.is_nmmo:
+        result = {"worlds": games}
+        for name, player in (("policy", policy), ("random", "random")):
+            lifetimes, censored = nmmo_lifetimes(player, config, games, seed)
+            mean, low, high = mean_ci95(lifetimes)
+            result.update({f"{name}_agents": int(lifetimes.size), f"{name}_mean_lifetime": mean,
+                           f"{name}_ci95": [low, high], f"{name}_alive_at_end": censored})
+        result["lifetime_ratio"] = result["policy_mean_lifetime"] / result["random_mean_lifetime"]
+    elif config.env.is_moba:
         r = play_vs_bot(policy, config, "scripted", games, seed)
         result = {"games": r["games"], "wins": r["wins"], "draws": r["draws"], "win_rate": r["win_rate"],
                   "ci95": r["win_rate_ci95"], "bot": r["bot"], "bot_hash": r["bot_hash"]}

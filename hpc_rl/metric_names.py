@@ -81,6 +81,7 @@ GO_RESIGNED = "selfplay/resigned_share"
 GO_GAME_LENGTH = "selfplay/game_length"
 GO_RESIGN_FALSE_POSITIVES = "selfplay/resign_false_positives"
 REPLAY_POSITIONS = "data/replay_positions"  # positions in learner 0's replay buffer
+EPISODE_LENGTH = "stats/episode_length"  # episodes that end per agent (Neural MMO: lifetimes), last ten versions
 POOL_SIZE = "league/pool_size"
 GAMES_VS_PAST = "league/games_vs_past"
 SCORE_VS_PAST = "league/score_vs_past"

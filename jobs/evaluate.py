@@ -4,7 +4,8 @@
     python jobs/evaluate.py runs/my_run --games 400 --version 200 --seed 1
 
 MOBA: games against the frozen scripted bot, half on each side, draws counted as losses, with the 95% Wilson
-interval; Gymnasium: the greedy return of one episode per game. Prints one line and, last, the result as JSON.
+interval; Gymnasium: the greedy return of one episode per game; Neural MMO: the mean lifetime of the first agents of
+``--games`` worlds, the policy's against the random bot's (docs/nmmo.md). Prints one line and, last, the result as JSON.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from hpc_rl.launch import set_torch_threads
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (runs/<run_name>)")
-    parser.add_argument("--games", type=int, default=100, help="games (Gymnasium: episodes), even (default 100)")
+    parser.add_argument("--games", type=int, default=100,
+                        help="games (Gymnasium: episodes; Neural MMO: worlds), even (default 100)")
     parser.add_argument("--version", type=int, help="the checkpoint's version (default: the latest good one)")
     parser.add_argument("--seed", type=int, help="seed of the games (default: the training job's final evaluation's)")
     args = parser.parse_args(argv)

@@ -46,7 +46,11 @@ def test_a_gymnasium_env_on_the_default_job_gets_the_default_learning_settings()
 
 @pytest.mark.parametrize("override, message", [
     ("env.name=starcraft", "env.name must be 'moba', 'nmmo', 'go', 'gym:<id>' or 'pettingzoo:<module>', got 'starcraft'"),
-    ("env.name=nmmo", "env.name=nmmo can not be trained yet: the pipeline ends episodes per copy"),
+    # Neural MMO is one population: nothing plays a second team, and no reward is shared with a team.
+    ("env.name=nmmo", "env.vs_scripted_fraction must be 0 for env.name=nmmo (one population, no teams), got 0.25"),
+    ("experiment=nmmo league.past_fraction=0.2", "league.past_fraction must be 0 for env.name=nmmo"),
+    ("experiment=nmmo ppo.team_spirit.start=0.3", "ppo.team_spirit must be 0 for env.name=nmmo"),
+    ("experiment=nmmo topology.evaluator=1", "topology.evaluator must be 0 for env.name=nmmo"),
     ("env.nmmo.border=0", "nmmo.border must be >= 1, got 0"),
     ("env.name=pettingzoo:no_such_env_v1", "env.name=pettingzoo:no_such_env_v1: PettingZoo module 'no_such_env_v1' "
                                            "does not import: No module named 'no_such_env_v1'"),
@@ -79,7 +83,7 @@ def test_a_gymnasium_env_on_the_default_job_gets_the_default_learning_settings()
 ])
 def test_bad_values_fail_at_compose_time(override, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        _compose(override)
+        _compose(*override.split())
 
 
 def test_config_hash_ignores_run_name_but_not_learning_settings():

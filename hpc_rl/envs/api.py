@@ -32,6 +32,13 @@ observation returned for it is the first of its next game. An environment may de
 step in ``spec.step_infos`` (``infos[name]`` of shape (E, A, *shape)): they travel with the experience to the learner
 as the batch field ``info/<name>`` (``hpc_rl.data.batch``).
 
+Episodes end per copy (``dones``) unless ``spec.agent_episodes``: then an agent's episode ends on its own, at the step
+where ``infos["agent_done"]`` (E, A) bool is True (a persistent world: an agent dies, its world goes on), and the
+pipeline ends episodes per agent (``EnvSpec.episode_ends``: the done that GAE, the value bootstrap and the LSTM reset
+read). Such a world may hold empty agent slots (before a spawn, after a death): ``spec.occupied_feature`` names the
+``global`` feature that is 1 where a slot holds an agent and 0 where it is empty (``EnvSpec.occupied``); an empty
+slot's steps are never trained on.
+
 Actions are decoupled heads, each an int64 array (E, A): ``action`` (primary), ``move`` (move offset) and ``target``
 (unit slot). ``spec.action_uses_move[a]`` / ``spec.action_uses_target[a]`` say which heads a primary action reads, so a
 learner gates the parameter heads by the chosen action as in OpenAI Five; unused heads are ignored by the env.
@@ -48,6 +55,7 @@ Obs = dict[str, np.ndarray]
 Actions = dict[str, np.ndarray]
 AgentId = int
 TeamId = int
+AGENT_DONE = "agent_done"  # the step info that ends one agent's episode where ``spec.agent_episodes``
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,8 @@ class EnvSpec:
     reward_events: tuple[str, ...] = ("reward",)
     learning_agents: tuple[AgentId, ...] = field(default=())  # agents a learner controls; empty = all
     step_infos: tuple[StepInfo, ...] = ()  # per-agent infos that travel with the experience
+    agent_episodes: bool = False  # episodes end per agent at infos["agent_done"] (declared in step_infos)
+    occupied_feature: int | None = None  # the global feature that is 1 where a slot holds an agent; None: always
 
     def __post_init__(self) -> None:
         if len(self.agent_team) != self.num_agents:
@@ -93,6 +103,26 @@ class EnvSpec:
                 raise ValueError(f"{name} has {len(flags)} entries for {self.num_actions} actions")
         if self.num_actions < 1 or self.num_moves < 1 or self.global_features < 0:
             raise ValueError("num_actions and num_moves must be >= 1, global_features >= 0")
+        if self.agent_episodes and StepInfo(AGENT_DONE, (), "bool") not in self.step_infos:
+            raise ValueError(f"agent_episodes needs step_infos to declare {AGENT_DONE!r} of shape () and dtype bool")
+        if self.occupied_feature is not None and not 0 <= self.occupied_feature < self.global_features:
+            raise ValueError(f"occupied_feature {self.occupied_feature} is not a global feature "
+                             f"(0..{self.global_features - 1})")
+
+    def episode_ends(self, dones: np.ndarray, agent_done: np.ndarray | None) -> np.ndarray:
+        """(E, A) bool: the agents whose episode ended at this step: every agent of a copy that is done, and where
+        ``agent_episodes`` the agents ``agent_done`` (E, A) marks (``infos["agent_done"]``)."""
+        ends = np.repeat(np.asarray(dones, bool)[:, None], self.num_agents, axis=1)
+        if self.agent_episodes:
+            ends |= np.asarray(agent_done, bool)
+        return ends
+
+    def occupied(self, obs_global: np.ndarray) -> np.ndarray:
+        """(...) bool for ``global`` observations (..., G): the slots that hold an agent (all, where
+        ``occupied_feature`` is None)."""
+        if self.occupied_feature is None:
+            return np.ones(obs_global.shape[:-1], dtype=bool)
+        return obs_global[..., self.occupied_feature] > 0.5
 
     @property
     def num_targets(self) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpc_rl.envs.api import EntitySpec, EnvSpec, StepInfo
+from hpc_rl.envs.api import AGENT_DONE, EntitySpec, EnvSpec, StepInfo
 
 # Tile materials. Grass, scrub (a forest already eaten, regrowing), forest and lava may be entered; lava kills.
 MATERIALS = ("lava", "water", "grass", "scrub", "forest", "stone")
@@ -119,5 +119,7 @@ class NmmoConfig:
             action_uses_move=(True,) * len(STYLES),  # one move and one attack every tick
             action_uses_target=(False,) + (True,) * (len(STYLES) - 1),
             reward_events=REWARD_EVENTS,
-            step_infos=(StepInfo("agent_done", (), "bool"),),
+            step_infos=(StepInfo(AGENT_DONE, (), "bool"),),
+            agent_episodes=True,  # an agent's episode is its lifetime; the world goes on
+            occupied_feature=0,  # ``global`` feature 0: alive (an empty slot observes zeros)
         )

@@ -90,6 +90,11 @@ def final_eval_line(final: Mapping | None) -> str:
         low, high = final["ci95"]
         return (f"win rate {final['win_rate']:.2f} [{low:.2f}, {high:.2f}] over {final['games']} games vs "
                 f"{final['bot']} (both sides, draws lose), {final['seconds']:.0f} s")
+    if "lifetime_ratio" in final:
+        (p_low, p_high), (r_low, r_high) = final["policy_ci95"], final["random_ci95"]
+        return (f"mean lifetime {final['policy_mean_lifetime']:.1f} [{p_low:.1f}, {p_high:.1f}] vs random "
+                f"{final['random_mean_lifetime']:.1f} [{r_low:.1f}, {r_high:.1f}] ({final['lifetime_ratio']:.2f}x) "
+                f"over the first {final['policy_agents']} agents of {final['worlds']} worlds, {final['seconds']:.0f} s")
     return (f"mean greedy return {final['mean_return']:.1f} (std {final['std_return']:.1f}) over "
             f"{final['episodes']} episodes, {final['seconds']:.0f} s")
 

@@ -293,12 +293,12 @@ class Controller:
                                  (M.SEGMENT_OBSERVATION_BYTES, "segment_observation_bytes", inference)):
             metrics[name] = float(sum(s.get(key, 0) for s in ranks))
         totals = np.array([sum(s.get(k, 0) for s in env) for k in ("bot_games", "bot_wins", "games", "returns_sum",
-                                                                    "new_bot_games", "new_bot_wins")],
+                                                                    "new_bot_games", "new_bot_wins", "lengths_sum")],
                           dtype=np.float64)
         self.history.append(totals)
         # Rates over the last WIN_RATE_WINDOW versions' games: recent enough to follow learning, enough games to mean
         # something.
-        games, wins, episodes, returns, new_games, new_wins = totals - self.history[0]
+        games, wins, episodes, returns, new_games, new_wins, lengths = totals - self.history[0]
         if games:
             metrics[M.WIN_RATE_VS_SCRIPTED] = wins / games
             metrics[M.GAMES_VS_SCRIPTED] = games
@@ -316,6 +316,8 @@ class Controller:
             metrics[M.EPISODE_RETURN] = returns / episodes
         if self.config.env.is_go:
             metrics.update(selfplay_metrics(env, seconds))
+        if episodes and lengths:
+            metrics[M.EPISODE_LENGTH] = lengths / episodes
         if self.pool is not None:
             metrics[M.POOL_SIZE] = float(len(self.pool.versions))
             if self.past_games:
@@ -340,6 +342,8 @@ class Controller:
             figures.append(("win vs scripted", win_figure(wins, games, *wilson_interval(wins, games))))
         if M.EPISODE_RETURN in m:
             figures.append(("return", f"{m[M.EPISODE_RETURN]:.1f}"))
+        if M.EPISODE_LENGTH in m:
+            figures.append(("length", f"{m[M.EPISODE_LENGTH]:.1f}"))
         if self.config.env.is_go:
             figures += [("games", f"{m[M.GO_GAMES]:.0f}"), ("policy_loss", f"{m[M.POLICY_LOSS]:.3f}"),
                         ("value_loss", f"{m[M.VALUE_LOSS]:.3f}")]
@@ -550,8 +554,10 @@ class Controller:
         else:
             path = self.layout.checkpoints / checkpoint_name(self.committed)
             ckpt = load_checkpoint(path)
-            print(f"final evaluation of version {self.committed}: {games} "
-                  f"{'games against the scripted bot' if self.config.env.is_moba else 'greedy episodes'}", flush=True)
+            what = ("games against the scripted bot" if self.config.env.is_moba else
+                    "worlds' lifetimes, the policy's and the random bot's" if self.config.env.is_nmmo else
+                    "greedy episodes")
+            print(f"final evaluation of version {self.committed}: {games} {what}", flush=True)
             final = final_evaluation(policy_from_checkpoint(ckpt, self.config), self.config, games)
         summary = self._summary(final, note)
         write_json_durably(self.layout.summary, summary)

@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from hpc_rl.config import TrainConfig
-from hpc_rl.envs.api import VecEnv
+from hpc_rl.envs.api import AGENT_DONE, VecEnv
 from hpc_rl.roles.common import patiently, seed_for
 from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.protocol import TAG_STAGE, TAG_STOP, reply_layout, request_layout
@@ -80,6 +80,11 @@ class EnvWorker:
         self.new_bot_games = 0  # ... and its games against the scripted bot, and those won by the learning side
         self.new_bot_wins = 0
         self.returns_sum = 0.0  # sum of finished episodes' returns, where the env reports them (Gymnasium, PettingZoo)
+        self.lengths_sum = 0  # ... and of their lengths, where episodes end per agent (Neural MMO: lifetimes)
+        if self.spec.agent_episodes:  # every slot's running return (weighted events) and length, since its agent came
+            self.reward_weights = np.asarray(config.env.reward_config().weights)
+            self.agent_return = np.zeros((config.env.num_envs, self.spec.num_agents))
+            self.agent_length = np.zeros((config.env.num_envs, self.spec.num_agents), np.int64)
         self.request_bytes = 0  # bytes of the step requests sent, and of the observations among them
         self.observation_bytes = 0
 
@@ -172,6 +177,7 @@ class EnvWorker:
                 actions[head][:self.scripted][self.bot_agents] = bot[head][:self.scripted][self.bot_agents]
         # The game version of each copy's step, read before the step starts the next games of those that end.
         new_version = self.env.new_version.copy() if self.config.env.game_version > 1 else None
+        occupied = self.spec.occupied(self.obs["global"])  # the slots that hold an agent during this step
         self.obs, self.events, self.done, infos = self.env.step(actions)
         if self.bot is not None:
             self.bot.reset(self.done)
@@ -183,14 +189,27 @@ class EnvWorker:
                 raise KeyError(f"{self.config.env.name}: spec.step_infos declares {info.name!r}, step() did not report it")
             self.infos[f"info/{info.name}"] = infos[info.name]
         self._count(self.done, self.winner, new_version)
+        if self.spec.agent_episodes:
+            self._count_agent_episodes(occupied, self.events, self.infos[f"info/{AGENT_DONE}"])
         if "episode_return" in infos and self.done.any():
             self.returns_sum += float(np.asarray(infos["episode_return"])[self.done].sum())
         self.link.beat({"env_steps": self.steps, "games": self.games, "bot_games": self.bot_games,
-                        "bot_wins": self.bot_wins, "returns_sum": self.returns_sum,
+                        "bot_wins": self.bot_wins, "returns_sum": self.returns_sum, "lengths_sum": self.lengths_sum,
                         "new_version_steps": self.new_version_steps, "new_bot_games": self.new_bot_games,
                         "new_bot_wins": self.new_bot_wins,
                         "request_bytes": self.request_bytes, "observation_bytes": self.observation_bytes,
                         "seconds": time.monotonic() - self.started})
+
+    def _count_agent_episodes(self, occupied: np.ndarray, events: np.ndarray, agent_done: np.ndarray) -> None:
+        """Where episodes end per agent: every slot's return (its weighted events, as the reward before shaping) and
+        length (steps lived) grow while it holds an agent; an ended episode is counted as a game with them."""
+        self.agent_return += events @ self.reward_weights
+        self.agent_length += occupied
+        self.games += int(agent_done.sum())
+        self.returns_sum += float(self.agent_return[agent_done].sum())
+        self.lengths_sum += int(self.agent_length[agent_done].sum())
+        self.agent_return[agent_done] = 0.0
+        self.agent_length[agent_done] = 0
 
     def _count(self, done: np.ndarray, winner: np.ndarray, new_version: np.ndarray | None = None) -> None:
         """``new_version``: the copies whose step was played under game version 2's rules (None: no such game)."""

@@ -10,7 +10,9 @@ Per env rank it keeps one ``SegmentBuffer`` (the runner's) and the LSTM state of
 the next request brings its reward and done; a segment is shipped when its ``segment_len`` steps are complete, with
 the value of the following observation as its bootstrap value. Every step records the behaviour policy version.
 Agents the latest policy does not play get training weight 0: the scripted bot's side (the env overrides its
-actions) and, in games against a past version drawn from the opponent pool (OpenAI Five's 20%), that version's side.
+actions) and, in games against a past version drawn from the opponent pool (OpenAI Five's 20%), that version's side;
+so do empty agent slots (``EnvSpec.occupied``). A step's ``done`` is per agent (``EnvSpec.episode_ends``): the whole
+copy's agents where the game ended, and in a world that ends episodes per agent (Neural MMO) the agents that died.
 The pool's versions and qualities come from the controller; the results of those games go back to it.
 """
 
@@ -27,7 +29,7 @@ import torch
 from hpc_rl.algo.rewards import shape_rewards
 from hpc_rl.config import TrainConfig
 from hpc_rl.data.batch import SegmentSchema, policy_step_fields
-from hpc_rl.envs.api import EnvSpec
+from hpc_rl.envs.api import AGENT_DONE, EnvSpec
 from hpc_rl.evaluation import policy_from_checkpoint
 from hpc_rl.league.pool import LATEST, OpponentPool, VersionsInPlay
 from hpc_rl.model.device import select_device, to_device
@@ -39,6 +41,8 @@ from hpc_rl.storage import load_checkpoint
 from hpc_rl.storage.layout import RunLayout
 from hpc_rl.storage.checkpoint import checkpoint_name
 from hpc_rl.transport import ExperienceRing, ParameterChannel, StepExchange
+
+AGENT_DONE_FIELD = f"info/{AGENT_DONE}"  # where a step request carries the agents' episode ends (spec.agent_episodes)
 
 
 @dataclass
@@ -228,7 +232,13 @@ class InferenceWorker:
         """One policy step for every agent of ``env_ranks`` in one batch."""
         flat = {e: {k: messages[e][k].reshape(self.per_env, *messages[e][k].shape[2:]) for k in self.obs_keys}
                 for e in env_ranks}
-        starts = {e: np.repeat(messages[e]["done"], self.spec.num_agents) for e in env_ranks}
+        # The step after an episode's end starts the next with a fresh LSTM state: per copy, or per agent where the
+        # env ends episodes per agent. An empty slot starts afresh at every step, so each new agent begins from the
+        # same state whatever its slot held before.
+        ends = {e: self.spec.episode_ends(messages[e]["done"], messages[e].get(AGENT_DONE_FIELD)).reshape(-1)
+                for e in env_ranks}
+        occupied = {e: self.spec.occupied(flat[e]["global"]) for e in env_ranks}
+        starts = {e: ends[e] | ~occupied[e] for e in env_ranks}
         before = {e: self.state[e] for e in env_ranks}
         if len(env_ranks) == 1:  # the serial runner's case: nothing to join
             obs, state, starts_np = flat[env_ranks[0]], self.state[env_ranks[0]], starts[env_ranks[0]]
@@ -248,6 +258,8 @@ class InferenceWorker:
             for e in env_ranks:
                 self._next_games(e, messages[e], first=self.pending[e] is None)
             weights = self._play_past_versions(env_ranks, obs_t, hero, starts_t, state, step)
+        if self.spec.occupied_feature is not None:  # an empty slot's step is not trained on
+            weights = {e: weights[e] * occupied[e] for e in env_ranks}
         # The copy back waits for a GPU's kernels: the step's time runs from the observations' copy to the actions'.
         actions_all = {k: v.cpu().numpy() for k, v in step.actions.items()}
         self.infer_seconds += time.perf_counter() - t0
@@ -261,7 +273,7 @@ class InferenceWorker:
                 (step.state[0][part], step.state[1][part]))
             reply = {k: v[part].reshape(self.config.env.num_envs, self.spec.num_agents) for k, v in actions_all.items()}
             self.exchange.send_reply(e, self.replies.pack(reply, self.reply_buffer))
-            self._complete(e, messages[e], mine)
+            self._complete(e, messages[e], ends[e], mine)
             self.buffers[e].store_state(self.t[e], before[e])
             self.pending[e] = _Pending(flat[e], starts[e], mine, self.version, weights[e])
             self.state[e] = mine.state
@@ -272,15 +284,15 @@ class InferenceWorker:
             self.hero_t[num_env_ranks] = torch.from_numpy(np.tile(self.hero, num_env_ranks)).to(self.device)
         return self.hero_t[num_env_ranks]
 
-    def _complete(self, e: int, message: dict[str, np.ndarray], now: PolicyStep) -> None:
-        """Store the pending step of env rank ``e`` with the reward and done ``message`` brings; ship a full segment."""
+    def _complete(self, e: int, message: dict[str, np.ndarray], done: np.ndarray, now: PolicyStep) -> None:
+        """Store the pending step of env rank ``e`` with the reward ``message`` brings and ``done``, the episode ends
+        of its agents; ship a full segment."""
         pending = self.pending[e]
         if pending is None:
             return
         tau = self.config.ppo.team_spirit(max(self.version, 0))
         reward = shape_rewards(message["events"], self.spec.agent_team, self.reward_config, tau,
                                message["game_time"]).reshape(-1)
-        done = np.repeat(message["done"], self.spec.num_agents)
         t = self.t[e]
         self.buffers[e].store(t, {**{name: pending.obs[k] for k, name in self.obs_fields.items()}, "hero": self.hero,
                                   "starts": pending.starts, **policy_step_fields(pending.step), "reward": reward,

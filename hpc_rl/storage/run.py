@@ -103,7 +103,8 @@ class Run:
         ``summary``) and a ``vs_scripted.json`` report's evaluations of the trained policy and of its reloaded
         checkpoint (sources ``vs_scripted``, ``vs_scripted/reloaded``). Columns: ``source``, ``version`` and the
         evaluation's own figures (MOBA: games, wins, draws, win_rate, ci95_low, ci95_high, bot, seed; Gymnasium:
-        episodes, mean_return, std_return); a figure an evaluation does not have is NaN."""
+        episodes, mean_return, std_return; Neural MMO: worlds, policy_mean_lifetime, policy_ci95_low, ...,
+        lifetime_ratio); a figure an evaluation does not have is NaN."""
         import pandas as pd
 
         rows = []
@@ -148,11 +149,13 @@ class Run:
 
 def _evaluation_row(source: str, version: int, result: dict[str, Any]) -> dict[str, Any]:
     """One row of ``Run.evaluations_frame``: the figures of an evaluation, its interval (``ci95`` in summary.json,
-    ``win_rate_ci95`` in a job's report) split in two columns."""
+    ``win_rate_ci95`` in a job's report; ``<player>_ci95``) split in two columns."""
     row = {"source": source, "version": version}
     for key, value in result.items():
         if key in ("ci95", "win_rate_ci95"):
             row["ci95_low"], row["ci95_high"] = value
+        elif key.endswith("_ci95"):  # Neural MMO: one interval per player (policy_ci95, random_ci95)
+            row[f"{key}_low"], row[f"{key}_high"] = value
         elif not isinstance(value, (list, dict)):
             row[key] = value
     return row
