@@ -185,7 +185,10 @@ def watch(process: subprocess.Popen, panel: Panel, sweep_dir: Path, done_elsewhe
             last = (finished, running)
         if code is not None:
             return code
-        time.sleep(poll_s)
+        try:  # returns as soon as the multirun ends, not at the next poll
+            process.wait(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 class Stopped(Exception):

@@ -33,7 +33,9 @@ def job_states(job_id: str) -> dict[str, str]:
 def wait_for_jobs(job_ids: list[str], timeout: float, poll: float = 0.5) -> dict[str, str]:
     """Wait until every job (and every task of an array job) is in a terminal state; return their states.
 
-    Polls with backoff. Raises TimeoutError naming the jobs still running after ``timeout`` seconds.
+    Polls with backoff up to a second: one ``scontrol show job`` a second costs slurmctld little, and a longer
+    ceiling would add seconds to the wait for a job that ends a minute in. Raises TimeoutError naming the jobs still
+    running after ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -46,7 +48,7 @@ def wait_for_jobs(job_ids: list[str], timeout: float, poll: float = 0.5) -> dict
             running = {k: v for k, v in states.items() if v not in TERMINAL_STATES}
             raise TimeoutError(f"Slurm jobs still not finished after {timeout:.0f}s: {running}")
         time.sleep(poll)
-        poll = min(poll * 1.5, 5.0)
+        poll = min(poll * 1.5, 1.0)
 
 
 def task_folders(submitit_dir: Path, earlier: set[str] = frozenset()) -> list[str]:

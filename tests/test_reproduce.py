@@ -198,12 +198,11 @@ def _member_running(runs: Path, driver: subprocess.Popen, timeout: float = 300) 
     since the driver started); return the multirun's Slurm job id and the multirun's pid."""
     sweep, started = runs / "staleness", time.time()
     earlier = set(submitted_jobs(sweep / ".submitit"))
-    deadline, poll = time.monotonic() + timeout, 0.5
+    deadline = time.monotonic() + timeout
     while not any(meta.stat().st_mtime >= started for meta in sweep.glob("*/meta.json")):
         assert driver.poll() is None, driver.communicate()
         assert time.monotonic() < deadline, "no member started"
-        time.sleep(poll)
-        poll = min(poll * 1.5, 5.0)
+        time.sleep(0.5)
     jobs = [job for job in submitted_jobs(sweep / ".submitit") if job not in earlier]
     children = subprocess.run(["pgrep", "-P", str(driver.pid)], capture_output=True, text=True).stdout.split()
     assert len(jobs) == 1 and len(children) == 1, (jobs, children)
