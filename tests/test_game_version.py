@@ -20,6 +20,7 @@ from hpc_rl.envs.moba_v2 import A_HEAL, HEAL_COOLDOWN, HEAL_FRACTION, MobaV2Env,
 from hpc_rl.envs.scripted import make_bot
 from hpc_rl.launch import mpirun_command, rank_env
 from hpc_rl.model.config import ModelConfig
+from hpc_rl.model.surgery import NEW_ACTION_TOLERANCE, new_action_offset
 from hpc_rl.runner import SerialRunner
 from hpc_rl.storage import open_run, write_pool
 from test_surgery import surgery_job
@@ -177,7 +178,9 @@ def test_a_run_moves_to_version_2_by_surgery_and_trains_on_both_versions(tmp_pat
         params = open_run(out).load_checkpoint(version).sections["params"]
         assert params["entity_nets.0.0.weight"].shape[1] == spec.entities[0].num_features
         assert params["action_head.bias"].shape == (spec.num_actions,)
-        assert params["action_head.bias"][A_HEAL] == params["action_head.bias"][A_NOOP] - 20
+        offset = params["action_head.bias"][A_HEAL] - params["action_head.bias"][A_NOOP]  # heal: noop's, within τ
+        assert offset == pytest.approx(new_action_offset(NEW_ACTION_TOLERANCE), abs=1e-5)
+    assert report["surgery_from"]["new_action_tolerance"] == NEW_ACTION_TOLERANCE
 
     mixing = ["env.new_version_share.kind=linear", "env.new_version_share.start=0.5", "env.new_version_share.end=1",
               "env.new_version_share.versions=2", "pipeline.max_versions=5",
