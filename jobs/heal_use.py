@@ -1,12 +1,13 @@
 """How a game version 2 policy uses ``heal`` (``hpc_rl.envs.moba_v2``): games against the frozen scripted bot under
-version 2's rules, sides alternating, the policy sampling as in training (``jobs/evaluate.py``'s games, counted).
+version 2's rules, sides alternating, the policy sampling as in training (as ``jobs/evaluate.py`` plays them), counted.
 
-    python analysis/heal.py runs/my_run_v2 --games 200 --version 400 --seed 4242
+    python jobs/heal_use.py runs/my_run_v2 --games 200 --version 400 --seed 4242
 
 Counts, over the policy's hero steps of every game until it ends: the share of its primary actions that are heal
 (``heal_share``), the share of steps where heal was legal (alive, not stunned, hurt, off cooldown) and, among them, the
 share where the policy chose it (``heal_share_when_legal``; ``actions_when_legal``: the share of each primary action
-there), and the heals per game; and the games' result (draws lose, 95% Wilson interval). Prints one line and, last, the result as JSON.
+there), and the heals per game; and the games' result (draws lose, 95% Wilson interval). Prints one line and, last,
+the result as JSON.
 """
 
 from __future__ import annotations

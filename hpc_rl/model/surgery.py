@@ -19,7 +19,7 @@ name) to the parameters of the changed policy, which computes what the old one c
   probability the new action may take from the old ones, which is also the total-variation distance between the old
   and the new policy's action distributions (``new_action_offset``). Approximate within τ where the new action is
   legal, exact where it is not. τ trades closeness against learning: PPO's gradient on the new logit is proportional
-  to its probability, so a new action started far below τ = 1e-3 (e.g. at −20) is hardly ever tried.
+  to its probability: started at −20 (τ ≈ 2e-9), heal was never tried; at 1e-3 it was learned (docs/surgery.md).
 
 ``carry_optimizer`` and ``carry_clip`` then keep Adam's moments and OpenAI Five's clip statistics of every
 parameter whose shape did not change and reset the others, which ``PPOConfig.lr_zero_until`` lets re-form before
