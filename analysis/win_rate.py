@@ -10,6 +10,13 @@ versions instead (disjoint ten-version windows summed; N a multiple of ten): eac
 Writes win_rate.png and win_rate.md (per run, --rows evenly spaced versions including the last).
 
     python analysis/win_rate.py runs/moba5v5 --block 100 --out plots/
+
+``--levels`` adds levels.md: per run and level, the first row (block, with ``--block``) whose win rate reaches it, its
+version and the env steps played by then in that run directory (perf/env_steps, which each job of a run counts from
+its start, summed over the run's jobs). A run made by surgery (docs/surgery.md) counts from the surgery, so a
+continued run and one trained from scratch compare as env steps to reach a level:
+
+    python analysis/win_rate.py runs/wide runs/wide_scratch --block 20 --levels 0.5 0.7 --out plots/
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import sys
 import numpy as np
 
 from hpc_rl.stats import wilson_interval
-from hpc_rl.metric_names import GAMES_VS_SCRIPTED, WIN_RATE_VS_SCRIPTED, WIN_RATE_WINDOW
+from hpc_rl.metric_names import ENV_STEPS, GAMES_VS_SCRIPTED, WIN_RATE_VS_SCRIPTED, WIN_RATE_WINDOW
 from hpc_rl.study import (VERSION_LABEL, Output, RunData, fmt, load_runs, markdown_table, pyplot,
                           run_script, script_parser)
 
@@ -32,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block", type=int, default=0,
                    help=f"pool the games of blocks of this many versions (a multiple of {WIN_RATE_WINDOW}; default 0: "
                         f"every version's {WIN_RATE_WINDOW}-version window)")
+    p.add_argument("--levels", type=float, nargs="+", default=[],
+                   help="win rates: the first version (and env steps) at which each run reaches each (levels.md)")
     return p
 
 
@@ -66,6 +75,36 @@ def pooled_rows(rows: np.ndarray, block: int, z: float) -> np.ndarray:
     return np.array(out, dtype=np.float64).reshape(-1, 6)
 
 
+def run_env_steps(versions: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """perf/env_steps summed over a run's jobs: each job counts from 0, so where the count drops a new job began and
+    the steps before it are added (those after a job's last row are not recorded, a heartbeat's worth at most)."""
+    order = np.argsort(versions, kind="stable")
+    steps = np.asarray(steps, dtype=np.float64)[order]
+    before = np.concatenate([[0.0], np.where(np.diff(steps) < 0, steps[:-1], 0.0)])
+    total = np.empty_like(steps)
+    total[order] = steps + np.cumsum(before)
+    return total
+
+
+def level_rows(run: RunData, rows: np.ndarray, levels: list[float]) -> list[list[str]]:
+    """For each level, the first of ``rows`` (win_rate_rows or pooled_rows) reaching it: version, env steps, games,
+    wins, win rate and interval ("not reached" where none does)."""
+    steps = {}
+    if run.has(ENV_STEPS):
+        versions, values = run.metrics[ENV_STEPS]["version"], run.metrics[ENV_STEPS]["value"]
+        steps = dict(zip(versions.astype(int).tolist(), run_env_steps(versions, values).tolist()))
+    out = []
+    for level in levels:
+        reached = np.flatnonzero(rows[:, 3] >= level)
+        if not reached.size:
+            out.append([run.label, fmt(level), "not reached", "", fmt(rows[-1, 0]) + " (last)", "", "", "", ""])
+            continue
+        v, n, wins, p, low, high = rows[reached[0]]
+        out.append([run.label, fmt(level), fmt(v), fmt(steps.get(int(v))), fmt(n), fmt(wins), fmt(p), fmt(low),
+                    fmt(high)])
+    return out
+
+
 def body(args: argparse.Namespace, out: Output) -> None:
     if args.rows < 1:
         raise ValueError(f"--rows must be >= 1, got {args.rows}")
@@ -77,7 +116,7 @@ def body(args: argparse.Namespace, out: Output) -> None:
         return
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    table = []
+    table, levels = [], []
     for run in runs:
         rows = win_rate_rows(run, args.z)
         if args.block and len(rows):
@@ -90,6 +129,7 @@ def body(args: argparse.Namespace, out: Output) -> None:
         picks = np.unique(np.linspace(0, len(rows) - 1, min(args.rows, len(rows))).round().astype(int))
         for v, n, wins, p, low, high in rows[picks]:
             table.append([run.label, fmt(v), fmt(n), fmt(wins), fmt(p), fmt(low), fmt(high)])
+        levels += level_rows(run, rows, args.levels)
     ax.axhline(0.5, color="grey", lw=0.8, ls=":")
     ax.set(xlabel=VERSION_LABEL, ylabel="win rate vs scripted bot", ylim=(0, 1),
            title=f"win rate vs scripted bot, {100 * (2 * _normal_cdf(args.z) - 1):.0f}% Wilson intervals")
@@ -99,6 +139,10 @@ def body(args: argparse.Namespace, out: Output) -> None:
     games = f"games of blocks of {args.block} versions" if args.block else f"games over the last {WIN_RATE_WINDOW} versions"
     out.table("win_rate.md", f"win rate vs the scripted bot ({games})",
               markdown_table(["run", "version", "games", "wins", "win rate", "ci low", "ci high"], table))
+    if args.levels:
+        out.table("levels.md", f"the first version reaching each win rate ({games})",
+                  markdown_table(["run", "level", "version", "env steps", "games", "wins", "win rate", "ci low",
+                                  "ci high"], levels))
 
 
 def _normal_cdf(z: float) -> float:

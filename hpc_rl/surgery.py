@@ -111,32 +111,37 @@ def changed(config: TrainConfig, changes: dict[str, int], version: int,
 
 
 def upgrade_game(params: surgery.Params, spec: EnvSpec, old_version: int, new_version: int,
-                 generator: torch.Generator, normalizers: dict | None = None) -> tuple[surgery.Params, dict | None]:
+                 generator: torch.Generator, normalizers: dict | None = None,
+                 new_action_tolerance: float = surgery.NEW_ACTION_TOLERANCE) -> tuple[surgery.Params, dict | None]:
     """A policy of game version ``old_version`` (``spec``: its spaces) for ``new_version``. Version 2
     (``hpc_rl.envs.moba_v2``): the hero attribute, last of the hero rows (``add_feature``: exact), and ``heal``, last
-    of the primary actions (``add_action``: noop's logit − 20, so within e^−20 of the old policy where heal is legal,
-    and exact where it is not, as in every game played under version 1's rules)."""
+    of the primary actions (``add_action`` copying noop, which heal plays as besides its hp: heal takes at most
+    ``new_action_tolerance`` of probability from the old actions where it is legal, and none where it is not, as in
+    every game played under version 1's rules)."""
     from hpc_rl.envs.moba_v2 import ATTACK_TIMER, HEAL_USES_MOVE, HEAL_USES_TARGET
 
     if new_version == old_version:
         return params, normalizers
     # 1 -> 2, the one newer version there is (hpc_rl.config.GAME_VERSIONS; parse_changes refuses the others)
     params, normalizers = surgery.add_feature(params, spec, "entities/heroes", ATTACK_TIMER, normalizers)
-    params = surgery.add_action(params, HEAL_USES_MOVE, HEAL_USES_TARGET, generator, like=A_NOOP)
+    params = surgery.add_action(params, HEAL_USES_MOVE, HEAL_USES_TARGET, generator, like=A_NOOP,
+                                tolerance=new_action_tolerance)
     return params, normalizers
 
 
-def operate(sections: dict, old: TrainConfig, new: TrainConfig, seed: int = 0) -> dict:
+def operate(sections: dict, old: TrainConfig, new: TrainConfig, seed: int = 0,
+            new_action_tolerance: float = surgery.NEW_ACTION_TOLERANCE) -> dict:
     """A checkpoint's sections (numpy trees) for ``new``'s model and game: the parameters (and the observation
     normaliser's statistics) transformed, Adam's and the clip's state carried where shapes are unchanged and reset
-    where not; checked by loading them into a learner."""
+    where not; checked by loading them into a learner. ``new_action_tolerance``: a new game version's action's
+    (``upgrade_game``)."""
     spec = old.env.make(num_envs=1).spec
     generator = torch.Generator().manual_seed(seed)
     before = to_torch_tree(sections["params"])
     after = surgery.widen_embed(before, spec, new.model.embed_size, generator)
     after = surgery.widen_core(after, old.model, new.model.lstm_size, generator)
     after, normalizers = upgrade_game(after, spec, old.env.game_version, new.env.game_version, generator,
-                                      sections.get("normalizers"))
+                                      sections.get("normalizers"), new_action_tolerance)
     spec = new.env.make(num_envs=1).spec
     names = surgery.parameter_names(spec, new.model)
     result = {**sections, "params": to_numpy_tree(after)}
@@ -183,7 +188,8 @@ def past_versions(source: Path, version: int) -> dict[int, Path]:
             if v < version and (layout.checkpoints / checkpoint_name(v)).is_file()}
 
 
-def transform_past(paths: dict[int, Path], old: TrainConfig, new: TrainConfig, seed: int) -> dict[int, dict]:
+def transform_past(paths: dict[int, Path], old: TrainConfig, new: TrainConfig, seed: int,
+                   new_action_tolerance: float = surgery.NEW_ACTION_TOLERANCE) -> dict[int, dict]:
     """The past versions' checkpoints through the same surgery (each with its own draw of the new weights)."""
-    return {v: operate(load_checkpoint(path).sections, old, new, seed + 1 + i)
+    return {v: operate(load_checkpoint(path).sections, old, new, seed + 1 + i, new_action_tolerance)
             for i, (v, path) in enumerate(sorted(paths.items()))}

@@ -87,12 +87,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup-versions", type=int, default=None,
                         help="versions trained with learning rate 0 after the surgery (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the new units' random weights")
+    parser.add_argument("--new-action-tolerance", type=float, default=None,
+                        help="env.game_version: the largest probability the new action (heal) may take from the old "
+                        "ones where it is legal (default 1e-3; its logit starts at noop's + log(τ/(1−τ)))")
     args = parser.parse_intermixed_args(argv)  # changes before or after --out
     from hpc_rl.evaluation import load_policy  # torch: only once the arguments are good
     from hpc_rl import surgery
+    from hpc_rl.model.surgery import NEW_ACTION_TOLERANCE
     from hpc_rl.storage import CheckpointError, open_run
 
+    tolerance = NEW_ACTION_TOLERANCE if args.new_action_tolerance is None else args.new_action_tolerance
     try:
+        if not 0.0 < tolerance < 1.0:
+            raise surgery.SurgeryError(f"--new-action-tolerance {tolerance}: a probability in (0, 1)")
         if args.out.exists():
             raise surgery.SurgeryError(f"--out {args.out} exists: surgery writes a new run directory")
         _, config, version = load_policy(args.run_dir)  # the run's config, as evaluations rebuild it
@@ -101,8 +108,9 @@ def main(argv: list[str]) -> int:
         warmup = surgery.WARMUP_VERSIONS if args.warmup_versions is None else args.warmup_versions
         out = args.out.resolve()
         new = replace(surgery.changed(config, changes, version, warmup), run_name=out.name, runs_dir=str(out.parent))
-        sections = surgery.operate(ckpt.sections, config, new, args.seed)
-        past = surgery.transform_past(surgery.past_versions(args.run_dir, version), config, new, args.seed)
+        sections = surgery.operate(ckpt.sections, config, new, args.seed, tolerance)
+        past = surgery.transform_past(surgery.past_versions(args.run_dir, version), config, new, args.seed,
+                                      tolerance)
         source_meta = open_run(args.run_dir).meta
         overrides = resume_overrides(new, source_meta.get("argv", [])[1:], changes)
     except (surgery.SurgeryError, CheckpointError, FileNotFoundError) as err:
@@ -110,6 +118,7 @@ def main(argv: list[str]) -> int:
         return 2
     record = {"run_dir": str(args.run_dir.resolve()), "version": version, "changes": changes,
               "warmup_versions": warmup, "lr_zero_until": new.ppo.lr_zero_until, "seed": args.seed,
+              **({"new_action_tolerance": tolerance} if "env.game_version" in changes else {}),
               "past_versions": sorted(past)}
     pool = open_run(args.run_dir).layout.pool
     surgery.write_run(out, new, version, sections, past, pool if past else None, surgery_from=record)

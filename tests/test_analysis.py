@@ -4,6 +4,7 @@ MetricsWriter) with its tables checked."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
 import subprocess
@@ -383,8 +384,22 @@ def test_win_rate(dirs, tmp_path):
     rows = table(tmp_path / "blocks" / "win_rate.md")
     assert [(r["version"], r["games"], r["wins"]) for r in rows] == [("20", "40", "15"), ("30", "20", "15")]
     assert "blocks of 20 versions" in (tmp_path / "blocks" / "win_rate.md").read_text()
+    # The first block reaching each level, with the env steps played by then.
+    run_script("win_rate", dirs["moba"], "--block", 20, "--levels", 0.3, 0.7, 0.9, "--out", tmp_path / "levels")
+    rows = table(tmp_path / "levels" / "levels.md")
+    assert [(r["level"], r["version"], r["env steps"], r["wins"]) for r in rows] == [
+        ("0.300", "20", "20000", "15"), ("0.700", "30", "30000", "15"), ("0.900", "not reached", "", "")]
     bad = run_script("win_rate", dirs["moba"], "--block", 15, "--out", tmp_path / "bad", ok=False)
     assert bad.returncode == 2 and "--block must be a positive multiple of 10, got 15" in bad.stderr
+
+
+def test_env_steps_are_summed_over_a_run_s_jobs():
+    """perf/env_steps restarts at 0 with every job of a run (a resume): the run's steps add the jobs'."""
+    spec = importlib.util.spec_from_file_location("win_rate", ROOT / "analysis" / "win_rate.py")
+    win_rate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(win_rate)
+    got = win_rate.run_env_steps(np.array([1, 2, 3, 5, 4, 6]), np.array([10.0, 20.0, 5.0, 3.0, 15.0, 9.0]))
+    assert got.tolist() == [10.0, 20.0, 25.0, 38.0, 35.0, 44.0]  # jobs from versions 3 and 5; rows in any order
 
 
 def test_data_quality(dirs, tmp_path):

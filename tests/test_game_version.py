@@ -2,6 +2,8 @@
 the share of games played under the new rules, the configuration that selects them; and a run moved to version 2 by
 jobs/surgery.py, then resumed under mpirun with old and new games mixed at a rising share."""
 
+import dataclasses
+import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -20,12 +22,21 @@ from hpc_rl.envs.moba_v2 import A_HEAL, HEAL_COOLDOWN, HEAL_FRACTION, MobaV2Env,
 from hpc_rl.envs.scripted import make_bot
 from hpc_rl.launch import mpirun_command, rank_env
 from hpc_rl.model.config import ModelConfig
+from hpc_rl.model.policy import Policy
+from hpc_rl.model.surgery import NEW_ACTION_TOLERANCE, new_action_offset
 from hpc_rl.runner import SerialRunner
 from hpc_rl.storage import open_run, write_pool
 from test_surgery import surgery_job
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = MobaConfig(time_limit=40)  # short games: many start within a few hundred steps
+
+
+def load_job(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "jobs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def scripted_steps(env, steps: int, seed: int = 0):
@@ -125,6 +136,26 @@ def test_the_share_of_version_2_games():
         alone.set_new_version_share(1.5)
 
 
+def test_heal_use_counts_the_policy_s_heals():
+    """jobs/heal_use.py's tally: a policy that heals whenever it may heals on every step where heal is legal (a small
+    map, where the scripted bot hurts the hero within a few hundred steps); a version 1 run is refused."""
+    torch.set_num_threads(1)
+    config = TrainConfig(env=EnvConfig(game_version=2, moba=MobaConfig(time_limit=300, map_size=24)),
+                         model=ModelConfig(lstm_size=16, embed_size=8))
+    torch.manual_seed(0)
+    policy = Policy(spec_v2(config.env.moba), config.model).eval()
+    with torch.no_grad():
+        policy.action_head.bias[A_HEAL] = 50.0
+    heal_use = load_job("heal_use").heal_use
+    got = heal_use(policy, config, 4, 1)
+    assert got["heals"] > 0 and got["hero_steps"] == 4 * 300  # draws: every game ran to the time limit
+    assert got["heal_share_when_legal"] == 1.0 and got["actions_when_legal"]["heal"] == 1.0
+    assert got["heal_share"] == got["heal_legal_share"] == got["heals"] / got["hero_steps"]
+    assert got["wins"] + got["draws"] <= 4 and got["heals_per_game"] == got["heals"] / 4
+    with pytest.raises(ValueError, match="game version 2"):
+        heal_use(policy, dataclasses.replace(config, env=EnvConfig()), 4, 1)
+
+
 def test_the_settings_of_game_versions():
     rising = Schedule(0.0, 1.0, 10, "linear")
     env = EnvConfig(game_version=2, new_version_share=rising, num_envs=2)
@@ -177,7 +208,9 @@ def test_a_run_moves_to_version_2_by_surgery_and_trains_on_both_versions(tmp_pat
         params = open_run(out).load_checkpoint(version).sections["params"]
         assert params["entity_nets.0.0.weight"].shape[1] == spec.entities[0].num_features
         assert params["action_head.bias"].shape == (spec.num_actions,)
-        assert params["action_head.bias"][A_HEAL] == params["action_head.bias"][A_NOOP] - 20
+        offset = params["action_head.bias"][A_HEAL] - params["action_head.bias"][A_NOOP]  # heal: noop's, within τ
+        assert offset == pytest.approx(new_action_offset(NEW_ACTION_TOLERANCE), abs=1e-5)
+    assert report["surgery_from"]["new_action_tolerance"] == NEW_ACTION_TOLERANCE
 
     mixing = ["env.new_version_share.kind=linear", "env.new_version_share.start=0.5", "env.new_version_share.end=1",
               "env.new_version_share.versions=2", "pipeline.max_versions=5",

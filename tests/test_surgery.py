@@ -126,23 +126,61 @@ def test_removing_a_feature_holds_it_at_a_constant(recorded):
     assert surgery.max_abs_diff(outputs(policy, recorded), got) > 1e-6  # the feature did matter before
 
 
-def test_adding_an_action_leaves_the_policy_within_its_offset(recorded):
+def reference_offset(tolerance: float) -> float:
+    """The largest offset o whose new action takes at most ``tolerance`` from a policy sure of the action it copies
+    (the worst case): bisection on the softmax of the logits (0, o), in float64."""
+    low, high = -60.0, 60.0
+    for _ in range(200):
+        middle = (low + high) / 2
+        taken = float(torch.softmax(torch.tensor([0.0, middle], dtype=torch.float64), 0)[1])
+        low, high = (middle, high) if taken <= tolerance else (low, middle)
+    return low
+
+
+def test_the_new_action_s_offset_keeps_it_within_its_tolerance():
+    """new_action_offset against the bisection; on random logits (any action copied) the new action's probability,
+    which is the total variation from the old distribution, stays within the tolerance, and nearly reaches it where
+    the copied action is nearly certain."""
+    generator = torch.Generator().manual_seed(0)
+    for tolerance in (1e-9, 2.0611536e-9, 1e-6, 1e-3, 0.01, 0.3, 0.5, 0.9):
+        offset = surgery.new_action_offset(tolerance)
+        assert offset == pytest.approx(reference_offset(tolerance), abs=1e-9)
+        logits = torch.randn(2000, 5, generator=generator, dtype=torch.float64) * 4
+        logits[:1000, 0] += 100  # the copied action certain but for rounding
+        old = torch.softmax(logits, -1)
+        new = torch.softmax(torch.cat([logits, logits[:, :1] + offset], -1), -1)
+        total_variation = 0.5 * ((new[:, :5] - old).abs().sum(-1) + new[:, 5])
+        assert torch.allclose(total_variation, new[:, 5], rtol=1e-9, atol=1e-15)
+        assert float(new[:, 5].max()) <= tolerance * (1 + 1e-12)
+        assert float(new[:1000, 5].min()) > tolerance * (1 - 1e-9)
+        assert float((new[:, :5].log() - old.log()).abs().max()) <= -math.log1p(-tolerance) + 1e-12
+    assert surgery.new_action_offset(2.0611536e-9) == pytest.approx(-20.0, abs=1e-6)  # e^-20's odds
+    for tolerance in (0.0, 1.0, -0.1, 2.0):
+        with pytest.raises(ValueError, match="tolerance"):
+            surgery.new_action_offset(tolerance)
+
+
+def test_adding_an_action_leaves_the_policy_within_its_tolerance(recorded):
     model = ModelConfig(core="lstm", lstm_size=16, embed_size=8)
     policy = random_policy(model)
-    params = surgery.add_action(policy.state_dict(), False, True, torch.Generator().manual_seed(1))
-    more = changed_policy(params, model, surgery.spec_with_action(SPEC, False, True))
-    mask = recorded[0]["action_mask"]
-    for legal, bound in ((False, EXACT), (True, math.exp(surgery.NEW_ACTION_OFFSET))):
-        new_mask = torch.cat([mask, torch.full((*mask.shape[:-1], 1), legal)], dim=-1)
-        got = outputs(more, recorded, action_mask=new_mask)
-        assert surgery.max_abs_diff(outputs(policy, recorded), got) < bound
+    for tolerance in (surgery.NEW_ACTION_TOLERANCE, 0.2):
+        params = surgery.add_action(policy.state_dict(), False, True, torch.Generator().manual_seed(1),
+                                    tolerance=tolerance)
+        more = changed_policy(params, model, surgery.spec_with_action(SPEC, False, True))
+        mask = recorded[0]["action_mask"]
+        for legal, bound in ((False, EXACT), (True, -math.log1p(-tolerance))):
+            new_mask = torch.cat([mask, torch.full((*mask.shape[:-1], 1), legal)], dim=-1)
+            got = outputs(more, recorded, action_mask=new_mask)
+            assert surgery.max_abs_diff(outputs(policy, recorded), got) < bound
+        taken = got["action"][..., -1].exp()  # legal everywhere: noop's probability × e^offset, renormalised
+        assert float(taken.max()) <= tolerance and float(taken.min()) > 0
     assert more.uses_target.tolist() == [*policy.uses_target.tolist(), True]
 
 
 @pytest.mark.parametrize("core", ["lstm", "mlp"])
 def test_moving_to_game_version_2_keeps_the_function_on_version_1_games(core, recorded):
     """hpc_rl.surgery.upgrade_game: exact where the game is version 1 in version 2's layout (the attribute 0, heal
-    illegal), within the new action's offset where heal is legal, whatever the attribute holds."""
+    illegal), within the new action's tolerance where heal is legal, whatever the attribute holds."""
     model = ModelConfig(core=core, lstm_size=16, embed_size=8)
     policy = random_policy(model)
     normalizers = {k: {"count": 1000.0, "mean": np.ones(w), "m2": np.full(w, 4000.0)}
@@ -151,7 +189,8 @@ def test_moving_to_game_version_2_keeps_the_function_on_version_1_games(core, re
     moved = changed_policy(params, model, spec_v2(MobaConfig()))
     heroes, mask = recorded[0]["entities/heroes"], recorded[0]["action_mask"]
     before = outputs(policy, recorded)
-    for attribute, heal, bound in ((0.0, False, EXACT), (100.0, False, EXACT), (0.5, True, math.exp(-20))):
+    within = -math.log1p(-surgery.NEW_ACTION_TOLERANCE)
+    for attribute, heal, bound in ((0.0, False, EXACT), (100.0, False, EXACT), (0.5, True, within)):
         column = torch.full((*heroes.shape[:-1], 1), attribute, dtype=heroes.dtype)
         legal = torch.full((*mask.shape[:-1], 1), heal)
         got = outputs(moved, recorded, **{"entities/heroes": torch.cat([heroes, column], dim=-1),
@@ -250,6 +289,10 @@ def test_surgery_of_a_trained_run_resumes_and_trains(tmp_path, capsys):
     (tmp_path / "nockpt" / "config.yaml").write_text((tmp_path / "src" / "config.yaml").read_text())
     assert job.main([str(tmp_path / "nockpt"), "--out", str(tmp_path / "x"), "model.lstm_size=24"]) == 2
     assert "no checkpoint" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert job.main([str(tmp_path / "src"), "--out", str(tmp_path / "x"), "env.game_version=2",
+                     "--new-action-tolerance", "1"]) == 2
+    assert "--new-action-tolerance 1.0: a probability in (0, 1)" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
     # A command line today's conf/ cannot compose (a sweep's) is left out of the resume overrides.
     meta_path = tmp_path / "src" / "meta.json"

@@ -5,7 +5,10 @@ between the policy and its changed copy (``hpc_rl.model.surgery``).
 The observations are recorded by the scripted bot playing both sides, and replayed through both policies as the
 sequences they were (the LSTM's state carried from each game's first step). ``exact`` holds the changes that keep the
 function (goal ≤ 1e-5 in float32), ``approximate`` those that do not (LSTM widening: new weights at 1e-3 of the usual
-scale; a new action: noop's logit − 20, legal on every step here). The move to game version 2 (``hpc_rl.surgery.
+scale; a new action copying noop, with the default tolerance, legal on every step here). ``new_action`` holds what that
+tolerance bounds: the new action's largest probability (the total variation from the old policy) against the tolerance,
+and the largest change of an old action's log-probability against −log(1 − tolerance) (within float32 rounding:
+1e-5 relative). The move to game version 2 (``hpc_rl.surgery.
 upgrade_game``) is measured on the recorded version 1 games as version 2's layout shows them (the new attribute 0, heal
 illegal). A random-initialised policy of the MOBA's model
 (LSTM core, default sizes; the feed-forward core for its widening) is measured, and with ``--run`` the run's trained
@@ -18,6 +21,7 @@ policy (latest good checkpoint) under ``trained``.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import torch
@@ -77,9 +81,11 @@ def measure(policy: Policy, obs: dict, hero: torch.Tensor, starts: torch.Tensor,
     params = policy.state_dict()
     exact, approximate = {}, {}
 
+    def outputs(new_params, new_spec=spec, new_model=model, new_obs=obs) -> dict:
+        return surgery.head_outputs(_changed_policy(new_params, new_spec, new_model, policy), new_obs, hero, starts)
+
     def diff(new_params, new_spec=spec, new_model=model, new_obs=obs, reference=before) -> float:
-        changed = _changed_policy(new_params, new_spec, new_model, policy)
-        return surgery.max_abs_diff(reference, surgery.head_outputs(changed, new_obs, hero, starts))
+        return surgery.max_abs_diff(reference, outputs(new_params, new_spec, new_model, new_obs))
 
     d = model.embed_size
     exact[f"embed_size {d}->{d + d // 2}"] = diff(surgery.widen_embed(params, spec, d + d // 2, generator),
@@ -101,9 +107,17 @@ def measure(policy: Policy, obs: dict, hero: torch.Tensor, starts: torch.Tensor,
                                              new_obs={**obs, key: held[..., 1:]},
                                              reference=surgery.head_outputs(policy, {**obs, key: held}, hero, starts))
     legal = torch.ones(*obs["action_mask"].shape[:-1], 1, dtype=torch.bool)
-    approximate[f"add_action (noop's logit {surgery.NEW_ACTION_OFFSET:g}, legal everywhere)"] = diff(
-        surgery.add_action(params, False, True, generator), surgery.spec_with_action(spec, False, True),
-        new_obs={**obs, "action_mask": torch.cat([obs["action_mask"], legal], dim=-1)})
+    tolerance = surgery.NEW_ACTION_TOLERANCE
+    after = outputs(surgery.add_action(params, False, True, generator), surgery.spec_with_action(spec, False, True),
+                    new_obs={**obs, "action_mask": torch.cat([obs["action_mask"], legal], dim=-1)})
+    approximate[f"add_action (tolerance {tolerance:g}, legal everywhere)"] = surgery.max_abs_diff(before, after)
+    largest = float(after["action"][..., -1].exp().max())
+    new_action = {"tolerance": tolerance, "largest_probability": largest,
+                  "mean_probability": float(after["action"][..., -1].exp().mean()),
+                  "largest_log_prob_change": approximate[f"add_action (tolerance {tolerance:g}, legal everywhere)"],
+                  "log_prob_bound": -math.log1p(-tolerance),
+                  # float32: a policy sure of noop gives the bound itself, give or take a rounding step
+                  "within_tolerance": largest <= tolerance * (1 + GOAL)}
     if spec.num_actions == A_HEAL:  # a policy of game version 1: moved to version 2, on version 1's games
         from hpc_rl.surgery import upgrade_game
 
@@ -113,7 +127,7 @@ def measure(policy: Policy, obs: dict, hero: torch.Tensor, starts: torch.Tensor,
             new_params, surgery.spec_with_action(surgery.spec_with_feature(spec, "entities/heroes", 1), False, False),
             new_obs={**obs, "entities/heroes": torch.cat([heroes, torch.zeros_like(heroes[..., :1])], dim=-1),
                      "action_mask": torch.cat([mask, torch.zeros_like(mask[..., :1])], dim=-1)})
-    return {"exact": exact, "approximate": approximate}
+    return {"exact": exact, "approximate": approximate, "new_action": new_action}
 
 
 def run(args) -> dict:

@@ -15,9 +15,11 @@ name) to the parameters of the changed policy, which computes what the old one c
 - ``remove_feature`` is exact where the removed feature held the constant it is removed at: its weights' contribution
   at that constant is folded into the layer's bias, as if the environment kept sending the constant.
 - ``add_action`` (a new primary action) leaves the old actions' logits as they are and gives the new one an old
-  action's logit − 20 (a copy of its weights, its bias − 20): where both are legal the new action's probability is
-  e^−20 of that action's, so every old log-probability changes by less than e^−20 ≈ 2e-9. A larger gap is closer
-  still but learns more slowly (the new logit's gradient is proportional to its probability).
+  action's logit plus an offset (a copy of its weights, its bias + offset) derived from a tolerance τ: the largest
+  probability the new action may take from the old ones, which is also the total-variation distance between the old
+  and the new policy's action distributions (``new_action_offset``). Approximate within τ where the new action is
+  legal, exact where it is not. τ trades closeness against learning: PPO's gradient on the new logit is proportional
+  to its probability: started at −20 (τ ≈ 2e-9), heal was never tried; at 1e-3 it was learned (docs/surgery.md).
 
 ``carry_optimizer`` and ``carry_clip`` then keep Adam's moments and OpenAI Five's clip statistics of every
 parameter whose shape did not change and reset the others, which ``PPOConfig.lr_zero_until`` lets re-form before
@@ -38,7 +40,7 @@ from hpc_rl.model.policy import Policy, norm_keys
 
 Params = dict[str, torch.Tensor]
 LSTM_SCALE = 1e-3  # new LSTM weights, relative to the usual initialisation
-NEW_ACTION_OFFSET = -20.0  # a new action's logit, relative to the action it copies
+NEW_ACTION_TOLERANCE = 1e-3  # the largest probability a new action may take from the old ones (new_action_offset)
 NORM_CLIP = 5.0  # hpc_rl.algo.normalizer.normalize's default, which the policy applies
 
 
@@ -227,11 +229,27 @@ def remove_feature(params: Params, spec: EnvSpec, key: str, position: int, const
     return params, normalizers
 
 
+def new_action_offset(tolerance: float) -> float:
+    """The offset o of a new action's logit from the action ``like`` it copies that lets it take at most
+    ``tolerance`` (τ) of probability from the old actions, on every observation where it is legal.
+
+    With the old actions' softmax normaliser Z and q = ``like``'s old probability, the new action's probability is
+    p = q·e^o / (1 + q·e^o), rising with q, so at most σ(o) = e^o / (1 + e^o) (reached where the policy is sure of
+    ``like``). Every old action's probability is scaled by 1 − p: the mass the old actions lose, and the total
+    variation between the old and the new distribution, is p; every old log-probability changes by log(1 − p),
+    at most −log(1 − τ) ≈ τ. So o = logit(τ) = log(τ / (1 − τ)): the largest offset within τ."""
+    if not 0.0 < tolerance < 1.0:
+        raise ValueError(f"a new action's tolerance is a probability in (0, 1), got {tolerance}")
+    return math.log(tolerance) - math.log1p(-tolerance)
+
+
 def add_action(params: Params, uses_move: bool, uses_target: bool, generator: torch.Generator, like: int = 0,
-               offset: float = NEW_ACTION_OFFSET) -> Params:
-    """A new primary action, last: its logit is action ``like``'s plus ``offset`` on every observation (a copy of
-    that action's weights, bias + ``offset``), so its probability is e^offset times ``like``'s; its embedding (which
-    gates the target head) is random. ``uses_move``/``uses_target``: the heads it uses."""
+               tolerance: float = NEW_ACTION_TOLERANCE) -> Params:
+    """A new primary action, last: its logit is action ``like``'s plus ``new_action_offset(tolerance)`` on every
+    observation (a copy of that action's weights, its bias + the offset), so it takes at most ``tolerance`` of
+    probability from the old actions; its embedding (which gates the target head) is random. ``uses_move``/
+    ``uses_target``: the heads it uses."""
+    offset = new_action_offset(tolerance)
     params = dict(params)
     weight, bias = params["action_head.weight"], params["action_head.bias"]
     if not 0 <= like < weight.shape[0]:
