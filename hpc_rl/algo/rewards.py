@@ -14,6 +14,7 @@ With one team (a single-agent Gymnasium environment) step 4 leaves rewards uncha
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -47,8 +48,7 @@ def shape_rewards(events: np.ndarray, agent_team: tuple[int, ...], config: Rewar
         raise ValueError(f"events has {events.shape[1]} agents, agent_team {len(agent_team)}")
     if not 0.0 <= team_spirit <= 1.0:
         raise ValueError(f"team_spirit must lie in [0, 1], got {team_spirit}")
-    weights = np.asarray(config.weights)
-    decayed = np.asarray(config.decayed, dtype=bool)
+    weights, decayed = _event_weights(config)
     if config.decay_period_s is not None and decayed.any():
         if game_time_s is None:
             raise ValueError("game_time_s is required when decay_period_s is set and an event decays")
@@ -58,15 +58,33 @@ def shape_rewards(events: np.ndarray, agent_team: tuple[int, ...], config: Rewar
     else:
         rho = (events * weights).sum(axis=2)
 
-    teams = np.asarray(agent_team)
-    same = (teams[:, None] == teams[None, :]).astype(np.float64)  # (A, A): same[i, j] = agents i, j are teammates
+    team_mean_of, enemy_mean_of, has_enemy = _team_averages(tuple(agent_team))
     if team_spirit > 0.0:
-        team_mean = rho @ (same / same.sum(axis=1, keepdims=True)).T
+        team_mean = rho @ team_mean_of
         rho = (1.0 - team_spirit) * rho + team_spirit * team_mean
-    if config.zero_sum and not same.all():
-        enemy = 1.0 - same
-        counts = enemy.sum(axis=1)
-        has_enemy = counts > 0
-        enemy_mean = rho @ (enemy / np.maximum(counts, 1.0)[:, None]).T
+    if config.zero_sum and enemy_mean_of is not None:
+        enemy_mean = rho @ enemy_mean_of
         rho = rho - np.where(has_enemy, enemy_mean, 0.0)
     return rho.astype(np.float32)
+
+
+# Every env step shapes its rewards with the same config and teams: the arrays derived from them are made once
+# (both are hashable: a frozen dataclass of tuples, a tuple).
+@lru_cache(maxsize=16)
+def _event_weights(config: RewardConfig) -> tuple[np.ndarray, np.ndarray]:
+    """``(weights, decayed)`` as arrays (K,)."""
+    return np.asarray(config.weights), np.asarray(config.decayed, dtype=bool)
+
+
+@lru_cache(maxsize=16)
+def _team_averages(agent_team: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """``rho @ team_mean_of`` is each agent's team's mean of ``rho`` (A, A); ``rho @ enemy_mean_of`` the mean over the
+    other teams' agents (None when every agent is on one team); ``has_enemy`` (A,): agents that have any."""
+    teams = np.asarray(agent_team)
+    same = (teams[:, None] == teams[None, :]).astype(np.float64)  # (A, A): same[i, j] = agents i, j are teammates
+    team_mean_of = (same / same.sum(axis=1, keepdims=True)).T
+    if same.all():
+        return team_mean_of, None, np.zeros(len(agent_team), bool)
+    enemy = 1.0 - same
+    counts = enemy.sum(axis=1)
+    return team_mean_of, (enemy / np.maximum(counts, 1.0)[:, None]).T, counts > 0

@@ -51,7 +51,7 @@ class _Pending:
 
     obs: dict[str, np.ndarray]
     starts: np.ndarray
-    step: PolicyStep
+    fields: dict[str, np.ndarray]  # what the policy computed (``policy_step_fields``)
     version: int
     weight: np.ndarray  # training weight of every agent's step (0 for the sides the latest policy did not play)
 
@@ -261,21 +261,26 @@ class InferenceWorker:
         if self.spec.occupied_feature is not None:  # an empty slot's step is not trained on
             weights = {e: weights[e] * occupied[e] for e in env_ranks}
         # The copy back waits for a GPU's kernels: the step's time runs from the observations' copy to the actions'.
-        actions_all = {k: v.cpu().numpy() for k, v in step.actions.items()}
+        # Copied once: the reply takes the actions, the segment (when the step's reward arrives) every field.
+        computed = policy_step_fields(step)
         self.infer_seconds += time.perf_counter() - t0
         self.batches += 1
         self.passes += 1
         self.batch_agents += len(env_ranks) * self.per_env
         for i, e in enumerate(env_ranks):
             part = slice(i * self.per_env, (i + 1) * self.per_env)
-            mine = step if len(env_ranks) == 1 else PolicyStep(
-                {k: v[part] for k, v in step.actions.items()}, step.logp[part], step.entropy[part], step.value[part],
-                (step.state[0][part], step.state[1][part]))
-            reply = {k: v[part].reshape(self.config.env.num_envs, self.spec.num_agents) for k, v in actions_all.items()}
+            if len(env_ranks) == 1:
+                mine, fields = step, computed
+            else:
+                mine = PolicyStep({k: v[part] for k, v in step.actions.items()}, step.logp[part], step.entropy[part],
+                                  step.value[part], (step.state[0][part], step.state[1][part]))
+                fields = {k: v[part] for k, v in computed.items()}
+            reply = {head: fields[f"actions/{head}"].reshape(self.config.env.num_envs, self.spec.num_agents)
+                     for head in step.actions}
             self.exchange.send_reply(e, self.replies.pack(reply, self.reply_buffer))
             self._complete(e, messages[e], ends[e], mine)
             self.buffers[e].store_state(self.t[e], before[e])
-            self.pending[e] = _Pending(flat[e], starts[e], mine, self.version, weights[e])
+            self.pending[e] = _Pending(flat[e], starts[e], fields, self.version, weights[e])
             self.state[e] = mine.state
 
     def _hero(self, num_env_ranks: int) -> torch.Tensor:
@@ -295,7 +300,7 @@ class InferenceWorker:
                                message["game_time"]).reshape(-1)
         t = self.t[e]
         self.buffers[e].store(t, {**{name: pending.obs[k] for k, name in self.obs_fields.items()}, "hero": self.hero,
-                                  "starts": pending.starts, **policy_step_fields(pending.step), "reward": reward,
+                                  "starts": pending.starts, **pending.fields, "reward": reward,
                                   "done": done, "weight": pending.weight, "version": pending.version,
                                   **{k: message[k].reshape(self.per_env, *message[k].shape[2:])
                                      for k in self.info_fields}})
