@@ -123,8 +123,7 @@ class RolloutPlayer:
 
 class MCTSBotPlayer:
     """OpenSpiel's C++ ``MCTSBot`` (random rollouts, solving on) on a pyspiel state replayed from the moves, at
-    ``sims`` simulations a move or paced to ``seconds`` a move. pyspiel hides the bot's tree: simulations are
-    counted as asked (a root with one legal action would stop it after one)."""
+    ``sims`` simulations a move or paced to ``seconds`` a move; simulations are counted at the search's root."""
 
     def __init__(self, name: str, seed: int, board_size: int, komi: float, uct_c: float, rollouts: int,
                  sims: int | None, seconds: float | None):
@@ -166,8 +165,12 @@ class MCTSBotPlayer:
             # A paced search is a new bot of its count, its stream seeded by the move and the search's count.
             if bot is None:
                 bot = self._bot(sims, (self.seed + 1_000_003 * len(moves) + sims) % 2**31)
-            self.simulations += sims
-            return int(bot.step(state)), sims
+            # The search's root, not bot.step (which runs the same search and plays its best child): the root's
+            # count is the simulations run, fewer than asked when the root was solved early. Counting them as asked
+            # made such a search look as fast as it liked, and the next paced count overflowed a C int.
+            root = bot.mcts_search(state)
+            self.simulations += root.explore_count
+            return int(root.best_child().action), root.explore_count
 
         if self.pace is None:
             return search(self.sims, self.bot)[0]
