@@ -68,6 +68,15 @@ def test_mctsbot_sees_our_position_move_for_move_and_after_a_jump_to_another_gam
         player.choose(replay([0, 1]), 0, [0])
 
 
+def test_mctsbot_counts_the_simulations_its_root_saw_when_solved_early():
+    """Black to move after white's pass, the whole board black's: passing wins, so the solver stops long before 500
+    simulations. Counted as asked, such a search once set a paced bot's next count past a C int."""
+    moves = [m for stone in range(10) for m in (stone, SIZE * SIZE)]  # black fills two rows, white passes
+    player = make_player("mctsbot:sims=500", SIZE, KOMI, seed=0)
+    assert player.choose(replay(moves), 0, moves) == SIZE * SIZE
+    assert 2 <= player.simulations < 500
+
+
 def test_a_paced_search_sets_its_count_from_the_rate_of_its_last_full_search(monkeypatch):
     from hpc_rl.league import go_players
 
