@@ -3,10 +3,14 @@
     python jobs/go_ladder.py random rollout:sims=200 rollout:sims=1000 mctsbot:sims=200 mctsbot:sims=1000
     python jobs/go_ladder.py random rollout:sec=0.05 mctsbot:sec=0.05 --games 100 \
         --strength rollout:sec=0.05 mctsbot:sec=0.05 --out runs/go-ladder
+    python jobs/go_ladder.py random mctsbot:sims=200 --run runs/g9 --versions 200 400 800 --net-sims 64
 
 Players are specs of ``hpc_rl.league.go_players`` (``random``, ``rollout:sims=N``, ``rollout:sec=S``,
-``mctsbot:sims=N``, ``mctsbot:sec=S``, with ``uct_c=`` and ``rollouts=``), in the order the self-play Elo chains
-them (put the weakest first). Every pair plays ``--games`` games on ``--board-size`` (komi ``--komi``), colours
+``mctsbot:sims=N``, ``mctsbot:sec=S``, with ``uct_c=`` and ``rollouts=``; ``net:run=RUN_DIR,version=V,sims=N`` or
+``sec=S``), in the order the self-play Elo chains them (put the weakest first). ``--run RUN_DIR`` adds the network
+players of that Go training run after them, oldest version first (so the self-play Elo chains consecutive
+versions): ``--versions V ...`` or ``--every K`` (every K-th committed version counted back from the newest, which
+is always in), each at ``--net-sims N`` simulations a move or ``--net-sec S`` seconds. Every pair plays ``--games`` games on ``--board-size`` (komi ``--komi``), colours
 alternating, seeded from ``--seed`` and the pair. ``--out`` (default ``runs/go-ladder``) keeps ``results.json``, saved
 after every game: the same command resumes where it stopped, and a ladder with a player added plays only the new
 pairs. When every game is played it commits ``evaluation.json`` (ratings and, with ``--strength AGENT OPPONENT``,
@@ -31,7 +35,7 @@ DEFAULT_OUT = Path("runs") / "go-ladder"
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("players", nargs="+", help="player specs, weakest first")
+    parser.add_argument("players", nargs="*", help="player specs, weakest first")
     parser.add_argument("--games", type=int, default=20, help="games per pair, even (default 20)")
     parser.add_argument("--board-size", type=int, default=9, help="board size (default 9)")
     parser.add_argument("--komi", type=float, default=7.5, help="komi (default 7.5)")
@@ -39,7 +43,34 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--strength", nargs=2, metavar=("AGENT", "OPPONENT"),
                         help="record AGENT's wins against OPPONENT in evaluation.json (both among the players)")
+    parser.add_argument("--run", type=Path, help="a Go training run whose versions join the ladder")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--versions", type=int, nargs="+", metavar="V", help="the run's versions to add")
+    which.add_argument("--every", type=int, metavar="K", help="every K-th committed version, the newest included")
+    pace = parser.add_mutually_exclusive_group()
+    pace.add_argument("--net-sims", type=int, metavar="N", help="the networks' simulations a move (default 64)")
+    pace.add_argument("--net-sec", type=float, metavar="S", help="the networks' seconds a move")
     args = parser.parse_args(argv)
+    if (args.run is None) != (args.versions is None and args.every is None):
+        parser.error("--run needs --versions or --every, and they need --run")
+    if args.every is not None and args.every < 1:
+        parser.error(f"--every must be >= 1, got {args.every}")
+    if args.run is not None:
+        from hpc_rl.league.go_players import net_spec
+        from hpc_rl.storage.checkpoint import committed_versions
+        from hpc_rl.storage.layout import RunLayout
+
+        committed = committed_versions(RunLayout(args.run).checkpoints)
+        versions = args.versions or committed[::-1][::args.every][::-1]
+        if not versions:
+            parser.error(f"{RunLayout(args.run).checkpoints} holds no committed checkpoint")
+        try:
+            args.players += [net_spec(str(args.run), v, args.net_sims or 64, args.net_sec)
+                             for v in sorted(set(versions))]
+        except ValueError as err:
+            parser.error(str(err))
+    elif args.net_sims or args.net_sec:
+        parser.error("--net-sims and --net-sec set the networks of --run")
     if args.games < 2 or args.games % 2:
         parser.error(f"--games must be even and >= 2 (each player black in half of a pair's games), got {args.games}")
     if not 0 <= args.seed < 2**31:

@@ -2,18 +2,23 @@
 choose legal moves, OpenSpiel's MCTSBot sees our game's position, a tiny 5x5 ladder resumes without replaying, its
 ratings are the ratings code's own on the same games, and the go benchmark reports the committed strength."""
 
+import importlib.util
 import json
+import re
 from argparse import Namespace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hpc_rl.envs.go import GoGames
 from hpc_rl.league import go_ladder
-from hpc_rl.league.go_players import MCTSBotPlayer, make_player, parse_spec
+from hpc_rl.league.go_players import MCTSBotPlayer, make_player, net_spec, parse_spec
 from hpc_rl.league.ratings import elo_from_results, nash_average
 from hpc_rl.league.tournament import pair_seed
+from hpc_rl.storage.checkpoint import checkpoint_name
 
+ROOT = Path(__file__).resolve().parent.parent
 SIZE, KOMI = 5, 7.5
 KINDS = ["random", "rollout:sims=8", "rollout:sec=0.002,uct_c=1.5", "mctsbot:sims=8,rollouts=2", "mctsbot:sec=0.002"]
 
@@ -61,6 +66,15 @@ def test_mctsbot_sees_our_position_move_for_move_and_after_a_jump_to_another_gam
                 assert sorted(state.legal_actions()) == list(np.flatnonzero(ours.legal_mask()[0]))
     with pytest.raises(ValueError, match="do not lead"):
         player.choose(replay([0, 1]), 0, [0])
+
+
+def test_mctsbot_counts_the_simulations_its_root_saw_when_solved_early():
+    """Black to move after white's pass, the whole board black's: passing wins, so the solver stops long before 500
+    simulations. Counted as asked, such a search once set a paced bot's next count past a C int."""
+    moves = [m for stone in range(10) for m in (stone, SIZE * SIZE)]  # black fills two rows, white passes
+    player = make_player("mctsbot:sims=500", SIZE, KOMI, seed=0)
+    assert player.choose(replay(moves), 0, moves) == SIZE * SIZE
+    assert 2 <= player.simulations < 500
 
 
 def test_a_paced_search_sets_its_count_from_the_rate_of_its_last_full_search(monkeypatch):
@@ -188,3 +202,94 @@ def test_the_go_benchmark_reports_the_committed_strength(tmp_path):
     assert result["strength"] == evaluation["strength"]
     assert set(result["strength"]) >= {"opponent", "games", "wins", "win_rate", "ci95"}
     assert result["strength_source"] == str(tmp_path / "evaluation.json")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The network player: a Go training run's committed checkpoints, made here as the controller writes them (config.yaml
+# and checkpoints/), two versions of a 1x8 network on 5x5 (experiment=go5; komi 0.5).
+
+def go_run(root):
+    """A Go run directory with versions 1 and 2 committed (two initialisations, so the versions differ)."""
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from hpc_rl.algo.alphazero import AlphaZeroLearner
+    from hpc_rl.config import build_config, register, to_yaml
+    from hpc_rl.launch import set_torch_threads
+    from hpc_rl.model.go_net import GoNet
+    from hpc_rl.storage import commit_checkpoint
+    from hpc_rl.storage.layout import RunLayout
+
+    set_torch_threads()
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        config = build_config(compose("train", overrides=["experiment=go5", f"runs_dir={root}", "run_name=go"]))
+    layout = RunLayout.of(root, "go")
+    layout.root.mkdir(parents=True)
+    layout.config.write_text(to_yaml(config))
+    go = config.env.go
+    for version in (1, 2):
+        torch.manual_seed(version)
+        learner = AlphaZeroLearner(GoNet(go.net, go.board_size), config.alphazero)
+        commit_checkpoint(layout.checkpoints, version, learner.checkpoint_sections(), config.config_hash(),
+                          config=config.settings())
+    return layout, go
+
+
+def test_a_network_plays_legal_greedy_moves_from_its_committed_checkpoint(tmp_path):
+    layout, go = go_run(tmp_path)
+    spec = net_spec(str(layout.root), 2, sims=8)
+    assert spec == f"net:run={layout.root},version=2,sims=8"
+    player, twin = (make_player(spec, go.board_size, go.komi, seed=s) for s in (3, 4))
+    paced = make_player(net_spec(str(layout.root), 1, seconds=0.01), go.board_size, go.komi, seed=3)
+    assert player.name == spec and paced.name.endswith("version=1,sec=0.01")
+    for length in (0, 6, 14):
+        moves = random_game(11, length)
+        games = GoGames(1, go.board_size, go.komi)
+        for a in moves:
+            games.step([a])
+        action = player.choose(games, 0, moves)
+        assert games.legal_mask()[0, action] and games.legal_mask()[0, paced.choose(games, 0, moves)]
+        assert twin.choose(games, 0, moves) == action  # no noise, the most visited: the seed plays no part
+    assert player.simulations == 3 * 8 and paced.simulations >= 3 * 2
+
+
+def test_a_network_player_names_what_is_missing_or_damaged(tmp_path):
+    layout, go = go_run(tmp_path)
+    size, komi = go.board_size, go.komi
+    with pytest.raises(ValueError, match=f"{tmp_path / 'nope' / 'config.yaml'} does not exist"):
+        make_player(net_spec(str(tmp_path / "nope"), 1, sims=4), size, komi, 0)
+    missing = re.escape(f"{layout.checkpoints / checkpoint_name(7)} does not exist: version 7 is not committed "
+                        "(committed: 1, 2)")
+    with pytest.raises(ValueError, match=missing):
+        make_player(net_spec(str(layout.root), 7, sims=4), size, komi, 0)
+    with pytest.raises(ValueError, match="give run=RUN_DIR"):
+        make_player(f"net:run={layout.root},sims=4", size, komi, 0)
+    with pytest.raises(ValueError, match="trained on 5x5 at komi 0.5; this ladder plays 9x9"):
+        make_player(net_spec(str(layout.root), 1, sims=4), 9, 7.5, 0)
+    damaged = layout.checkpoints / checkpoint_name(2)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=re.escape(str(damaged))):
+        make_player(net_spec(str(layout.root), 2, sims=4), size, komi, 0)
+
+
+def test_a_ladder_of_a_runs_versions_and_random_plays_and_rates(tmp_path):
+    layout, go = go_run(tmp_path / "runs")
+    job = importlib.util.spec_from_file_location("go_ladder_job", ROOT / "jobs" / "go_ladder.py")
+    module = importlib.util.module_from_spec(job)
+    job.loader.exec_module(module)
+    out = tmp_path / "ladder"
+    argv = ["random", "--run", str(layout.root), "--every", "1", "--net-sims", "4", "--games", "2",
+            "--board-size", str(go.board_size), "--komi", str(go.komi), "--out", str(out)]
+    versions = [net_spec(str(layout.root), v, sims=4) for v in (1, 2)]
+    assert module.parse(argv).players == ["random", *versions]  # oldest first: the self-play Elo chains the versions
+    assert module.main(argv + ["--strength", versions[1], "random"]) == 0
+    evaluation = json.loads((out / "evaluation.json").read_text())
+    assert set(evaluation["players"]) == {"random", *versions}
+    assert all(p["games"] == 4 and np.isfinite(p["elo"]) for p in evaluation["players"].values())
+    assert evaluation["players"][versions[0]]["simulations_per_move"] == 4
+    assert evaluation["strength"]["agent"] == versions[1] and evaluation["strength"]["games"] == 2
+    with pytest.raises(SystemExit):
+        module.parse(["random", "--run", str(layout.root)])  # which versions: not said

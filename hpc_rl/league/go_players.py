@@ -8,13 +8,19 @@ Specs are ``kind`` or ``kind:key=value,...``; the kinds (``PLAYER_KINDS``; a new
 - ``random``: a uniformly random legal action (pass included), OpenSpiel's uniform random bot;
 - ``rollout:sims=N`` / ``rollout:sec=S``: our compiled random-rollout UCT search (``hpc_rl.envs.go.RolloutMCTS``);
 - ``mctsbot:sims=N`` / ``mctsbot:sec=S``: OpenSpiel's C++ ``MCTSBot`` with its ``RandomRolloutEvaluator`` through
-  pyspiel, its state replayed from the game's moves.
+  pyspiel, its state replayed from the game's moves;
+- ``net:run=RUN_DIR,version=V,sims=N`` / ``net:...,sec=S``: a Go training run's network (committed checkpoint ``V``
+  of ``RUN_DIR``, read only) playing the most visited move of its PUCT search (``hpc_rl.envs.go_search``) without
+  root noise: evaluation play, as AlphaGo Zero's evaluator and ELF OpenGo's ladder play. Its search takes the run's
+  ``c_puct`` and virtual loss; ``c_puct=`` overrides it. The spec names run and version, so a ladder's results
+  tell the versions apart.
 
-Both searches take ``uct_c`` (default 2) and ``rollouts`` (random playouts per leaf, default 1), and either a fixed
-``sims`` per move or ``sec``, wall-clock seconds per move (ELF OpenGo compares players at equal time per move). At
-``sec``, each move's search runs a fixed number of simulations set from the player's own rate on its previous move
-(simulations per second, measured; ``Pace``), and on its first move from a probe search of ``PROBE_SIMULATIONS``
-whose time counts against that move. One rule for both searches, because neither can be stopped by a clock safely:
+Both rollout searches take ``uct_c`` (default 2) and ``rollouts`` (random playouts per leaf, default 1); every
+search takes either a fixed ``sims`` per move or ``sec``, wall-clock seconds per move (ELF OpenGo compares players at
+equal time per move). At ``sec``, each move's search runs a fixed number of simulations set from the player's own
+rate on its previous move (simulations per second, measured; ``Pace``), and on its first move from a probe search
+(``PROBE_SIMULATIONS``; ``NET_PROBE_SIMULATIONS`` for the network, whose simulations cost a forward pass each) whose
+time counts against that move. One rule for both searches, because neither can be stopped by a clock safely:
 ``RolloutMCTS`` runs in one compiled call that cannot read one, and the C++ ``MCTSBot``'s own deadline (pyspiel's
 ``max_wall_clock_time``) crashes the process (a segmentation fault in OpenSpiel 2.0.2) when it passes before the
 bot's second simulation has expanded the root, which a loaded machine's scheduler makes happen at 0.05 s a move.
@@ -28,16 +34,20 @@ depends on the machine and its load).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
+import yaml
 
 from hpc_rl.envs.go import GoGames, RolloutMCTS
+from hpc_rl.envs.go_search import PUCTSearch
 
-PROBE_SIMULATIONS = 64  # a time-limited RolloutMCTS's first search, which measures its rate
+PROBE_SIMULATIONS = 64  # a time-limited rollout search's first search, which measures its rate
+NET_PROBE_SIMULATIONS = 8  # the network player's: each simulation is a forward pass of the network
 MIN_SIMULATIONS = 2  # RolloutMCTS expands the root on its second simulation
 
 
@@ -65,10 +75,10 @@ class RandomPlayer:
 
 class Pace:
     """Searches of ``seconds`` each, as fixed simulation counts: the count from the rate measured on the previous
-    search, the first one after a probe of ``PROBE_SIMULATIONS``."""
+    search, the first one after a probe of ``probe`` simulations."""
 
-    def __init__(self, seconds: float):
-        self.seconds = seconds
+    def __init__(self, seconds: float, probe: int = PROBE_SIMULATIONS):
+        self.seconds, self.probe = seconds, probe
         self.rate: float | None = None  # simulations per second
 
     def _timed(self, search: Callable[[int], tuple[int, int]], sims: int) -> tuple[int, float]:
@@ -83,7 +93,7 @@ class Pace:
         """``search(sims) -> (action, simulations run)`` run within about ``seconds``; its action."""
         left = self.seconds
         if self.rate is None:
-            left -= self._timed(search, PROBE_SIMULATIONS)[1]
+            left -= self._timed(search, self.probe)[1]
         return self._timed(search, max(MIN_SIMULATIONS, int(self.rate * left)))[0]
 
 
@@ -113,8 +123,7 @@ class RolloutPlayer:
 
 class MCTSBotPlayer:
     """OpenSpiel's C++ ``MCTSBot`` (random rollouts, solving on) on a pyspiel state replayed from the moves, at
-    ``sims`` simulations a move or paced to ``seconds`` a move. pyspiel hides the bot's tree: simulations are
-    counted as asked (a root with one legal action would stop it after one)."""
+    ``sims`` simulations a move or paced to ``seconds`` a move; simulations are counted at the search's root."""
 
     def __init__(self, name: str, seed: int, board_size: int, komi: float, uct_c: float, rollouts: int,
                  sims: int | None, seconds: float | None):
@@ -156,11 +165,93 @@ class MCTSBotPlayer:
             # A paced search is a new bot of its count, its stream seeded by the move and the search's count.
             if bot is None:
                 bot = self._bot(sims, (self.seed + 1_000_003 * len(moves) + sims) % 2**31)
-            self.simulations += sims
-            return int(bot.step(state)), sims
+            # The search's root, not bot.step (which runs the same search and plays its best child): the root's
+            # count is the simulations run, fewer than asked when the root was solved early. Counting them as asked
+            # made such a search look as fast as it liked, and the next paced count overflowed a C int.
+            root = bot.mcts_search(state)
+            self.simulations += root.explore_count
+            return int(root.best_child().action), root.explore_count
 
         if self.pace is None:
             return search(self.sims, self.bot)[0]
+        return self.pace.choose(search)
+
+
+@functools.lru_cache(maxsize=32)  # a ladder builds a player per game: each version is read once
+def load_go_net(run_dir: str, version: int):
+    """``(GoNet in eval mode, GoConfig)`` of checkpoint ``version`` of the Go training run in ``run_dir``, read only
+    (nothing of the run is written or locked: a run still training can be rated). ValueError naming the file when
+    the run, its config or that checkpoint is missing, or the checkpoint does not verify."""
+    from hpc_rl.config import build_config
+    from hpc_rl.launch import set_torch_threads
+    from hpc_rl.model.go_net import GoNet
+    from hpc_rl.model.tree import to_torch_tree
+    from hpc_rl.storage.checkpoint import CheckpointError, checkpoint_name, committed_versions, load_checkpoint
+    from hpc_rl.storage.layout import RunLayout
+
+    set_torch_threads()  # one core per ladder, as the searches it plays against
+    layout = RunLayout(run_dir)
+    if not layout.config.is_file():
+        raise ValueError(f"{layout.config} does not exist: {run_dir} is not a training run's directory")
+    try:
+        config = build_config(yaml.safe_load(layout.config.read_text()))
+    except (OSError, ValueError, TypeError, yaml.YAMLError) as err:
+        raise ValueError(f"{layout.config}: not a readable run config ({err})") from err
+    if not config.env.is_go:
+        raise ValueError(f"{layout.config}: env.name is {config.env.name!r}, not a Go run")
+    path = layout.checkpoints / checkpoint_name(version)
+    if not path.is_file():
+        committed = committed_versions(layout.checkpoints)
+        shown = committed if len(committed) <= 8 else [*committed[:4], "...", *committed[-3:]]
+        raise ValueError(f"{path} does not exist: version {version} is not committed (committed: "
+                         f"{', '.join(map(str, shown)) or 'none'})")
+    try:
+        ckpt = load_checkpoint(path)
+        go = config.env.go
+        net = GoNet(go.net, go.board_size)
+        net.load_state_dict(to_torch_tree(ckpt.sections["params"]))
+    except CheckpointError as err:  # its message names the file
+        raise ValueError(str(err)) from err
+    except (KeyError, RuntimeError) as err:  # sections or shapes that are not this run's network
+        raise ValueError(f"{path}: not a network of {layout.config}'s shape ({type(err).__name__}: {err})") from err
+    return net.eval(), go
+
+
+class NetPlayer:
+    """A trained ``GoNet`` at evaluation play: the most visited move of its PUCT search at ``sims`` simulations a
+    move (or paced to ``seconds``), no root noise, temperature 0, never resigning (a ladder plays games out)."""
+
+    def __init__(self, name: str, seed: int, board_size: int, komi: float, run_dir: str, version: int,
+                 sims: int | None, seconds: float | None, c_puct: float | None):
+        from hpc_rl.model.go_net import NetEvaluator  # torch: imported by ladders that rate a network only
+
+        net, go = load_go_net(run_dir, version)
+        if (board_size, komi) != (go.board_size, go.komi):
+            raise ValueError(f"version {version} of {run_dir} was trained on {go.board_size}x{go.board_size} at "
+                             f"komi {go.komi}; this ladder plays {board_size}x{board_size} at komi {komi}")
+        self.name, self.simulations = name, 0
+        self.evaluate = NetEvaluator(net)
+        self.config = replace(go.search, simulations=sims or MIN_SIMULATIONS, dirichlet_weight=0.0, temperature=0.0,
+                              greedy_after=None, resign_threshold=None, leaves_per_game=1,
+                              c_puct=go.search.c_puct if c_puct is None else c_puct)
+        self.seed = seed
+        self.search: PUCTSearch | None = None
+        self.position: GoGames | None = None  # the game being searched, copied: the search owns its games' rows
+        self.pace = Pace(seconds, NET_PROBE_SIMULATIONS) if seconds is not None else None
+
+    def choose(self, games: GoGames, row: int, moves: Sequence[int]) -> int:
+        if self.position is None:
+            self.position = GoGames(1, games.size, games.komi, games.max_game_length)
+            self.search = PUCTSearch(self.config, [self.seed], games.size, games.komi, games.max_game_length)
+        self.position.copy_from([0], games, [row])
+
+        def search(sims: int) -> tuple[int, int]:
+            self.search.config = replace(self.config, simulations=sims)
+            self.simulations += sims
+            return int(self.search.search(self.position, [0], self.evaluate).actions[0]), sims
+
+        if self.pace is None:
+            return search(self.config.simulations)[0]
         return self.pace.choose(search)
 
 
@@ -187,6 +278,19 @@ def _search_settings(kind: str, options: dict) -> tuple[float, int, int | None, 
 
 
 SEARCH_OPTIONS = {"sims": int, "sec": float, "uct_c": float, "rollouts": int}
+NET_OPTIONS = {"run": str, "version": int, "sims": int, "sec": float, "c_puct": float}
+
+
+def _make_net_player(name: str, options: dict, size: int, komi: float, seed: int) -> NetPlayer:
+    if "run" not in options or "version" not in options:
+        raise ValueError("net: give run=RUN_DIR (a Go training run's directory) and version=V (a committed "
+                         "checkpoint's version)")
+    _, _, sims, seconds = _search_settings("net", {k: v for k, v in options.items() if k in ("sims", "sec")})
+    if options.get("c_puct", 0.0) < 0:
+        raise ValueError(f"net: c_puct must be >= 0, got {options['c_puct']}")
+    return NetPlayer(name, seed, size, komi, options["run"], options["version"], sims, seconds,
+                     options.get("c_puct"))
+
 
 PLAYER_KINDS: dict[str, PlayerKind] = {
     "random": PlayerKind(lambda name, options, size, komi, seed: RandomPlayer(name, seed), {}),
@@ -194,7 +298,15 @@ PLAYER_KINDS: dict[str, PlayerKind] = {
         name, seed, *_search_settings("rollout", options)), SEARCH_OPTIONS),
     "mctsbot": PlayerKind(lambda name, options, size, komi, seed: MCTSBotPlayer(
         name, seed, size, komi, *_search_settings("mctsbot", options)), SEARCH_OPTIONS),
+    "net": PlayerKind(_make_net_player, NET_OPTIONS),
 }
+
+
+def net_spec(run_dir: str, version: int, sims: int | None = None, seconds: float | None = None) -> str:
+    """The spec of version ``version`` of the run in ``run_dir`` at ``sims`` simulations or ``seconds`` a move."""
+    if "," in str(run_dir):
+        raise ValueError(f"{run_dir}: a run directory named in a player spec cannot hold a comma")
+    return f"net:run={run_dir},version={version}," + (f"sims={sims}" if seconds is None else f"sec={seconds}")
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
