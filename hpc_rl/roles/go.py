@@ -33,11 +33,11 @@ from hpc_rl.envs.go_search import GameRecord, SelfPlay
 from hpc_rl.model.device import select_device
 from hpc_rl.model.go_net import GoNet, NetEvaluator
 from hpc_rl.roles.allreduce import Allreduce
-from hpc_rl.roles.common import Backoff, patiently, pull_parameters, seed_for, wait_requests
+from hpc_rl.roles.common import patiently, pull_parameters, seed_for, wait_requests
 from hpc_rl.roles.control import ControlLink
-from hpc_rl.roles.learner import CONTROL, may_update
-from hpc_rl.roles.protocol import (TAG_CHECKPOINT, TAG_DONE, TAG_HALT, TAG_METRICS, TAG_STOP, encode_parameters,
-                                   go_reply_layout, go_request_layout)
+from hpc_rl.roles.learner import LockstepLearner, may_update
+from hpc_rl.roles.protocol import (TAG_CHECKPOINT, TAG_METRICS, TAG_STOP, encode_parameters, go_reply_layout,
+                                   go_request_layout)
 from hpc_rl.transport import ExperienceRing, ParameterChannel, StepExchange
 
 log = logging.getLogger(__name__)
@@ -181,14 +181,14 @@ class GoInferenceWorker:
                         "seconds": time.monotonic() - self.started, "device": str(self.device)})
 
 
-class GoLearnerWorker:
+class GoLearnerWorker(LockstepLearner):
     """A learner rank: games from its ring into its replay buffer, AlphaZero updates in lockstep with the other
     learners (every decision from the allreduced control vector, as the PPO learners take theirs)."""
 
     def __init__(self, config: TrainConfig, allreduce: Allreduce, ring: ExperienceRing, params: ParameterChannel,
                  link: ControlLink, resume: tuple[int, dict] | None, gpu_slot: int = 0):
-        self.config, self.allreduce, self.ring, self.params, self.link = config, allreduce, ring, params, link
-        self.index = allreduce.rank
+        super().__init__(config, allreduce, link)
+        self.ring, self.params = ring, params
         go, az = config.env.go, config.alphazero
         self.device = select_device(config.pipeline.learner_device, gpu_slot)
         torch.manual_seed(config.seed)
@@ -202,35 +202,12 @@ class GoLearnerWorker:
         self.schema = GameSchema(go.board_size, go.game_length)
         self.rng = np.random.default_rng([config.seed, self.index, self.learner.version])
         self.target_reuse = float("inf") if az.target_reuse is None else az.target_reuse
-        self.produced = 0.0  # positions received
-        self.consumed = 0.0  # positions sampled by updates
-        self.rejected = 0
+        # produced: positions received; consumed: positions sampled by updates
         self.consumed_ids: list[tuple[int, int, int]] = []  # games taken into the replay buffer
         self.left: list[tuple[int, int, int]] = []  # games taken after the learners stopped
-        self.stop_version = 0
-        self.nonfinite_streak = 0
-        self.done = False
-        self.halted: str | None = None
 
     def publish(self) -> None:
         self.params.publish(encode_parameters(self.learner.version, self.net))
-
-    def start(self) -> None:
-        if self.index == 0:
-            self.publish()
-        self.started = time.monotonic()
-
-    def run(self) -> int:
-        self.start()
-        backoff = Backoff(self.config.transport.poll)
-        while not self.done:
-            if self.halted is not None:
-                self._await_abort()
-            if self.step():
-                backoff.reset()
-            else:
-                backoff.wait()
-        return self.learner.version
 
     def take_games(self) -> list[tuple[int, int, int]]:
         """Every game in the ring into the replay buffer, oldest first; their ids."""
@@ -250,16 +227,6 @@ class GoLearnerWorker:
         finally:
             self.ring.release(views)
         return taken
-
-    def _control(self, ready: bool, batch: float) -> dict[str, float]:
-        stop = self.link.receive(TAG_STOP) if self.index == 0 else None
-        if stop is not None:
-            self.stop_version = int(stop)
-        local = {"not_ready": 0.0 if ready else 1.0, "stop_version": float(self.stop_version),
-                 "produced": self.produced, "consumed": self.consumed, "next_batch": batch,
-                 "rejected": float(self.rejected)}
-        summed = self.allreduce.sum(torch.tensor([local[k] for k in CONTROL], dtype=torch.float64)).numpy()
-        return dict(zip(CONTROL, summed.tolist()))
 
     def step(self) -> bool:
         """Take the games that arrived; if every learner holds ``min_positions`` and the reuse target allows it, make
@@ -297,30 +264,8 @@ class GoLearnerWorker:
             if version % pipeline.checkpoint_every == 0 and not self.nonfinite_streak:
                 self.link.send((version, self.learner.checkpoint_sections()), TAG_CHECKPOINT)
         if self.nonfinite_streak >= pipeline.max_nonfinite:
-            self.halted = (f"non-finite halt at version {version}: {self.nonfinite_streak} updates in a row had "
-                           f"non-finite losses (pipeline.max_nonfinite={pipeline.max_nonfinite})")
-            log.error(self.halted)
-            if self.index == 0:
-                self.link.send(self.halted, TAG_HALT)
+            self._halt(version)
         return True
-
-    def _finish(self) -> None:
-        self.done = True
-        if self.index == 0:
-            self.link.send(self.learner.version, TAG_DONE)
-        self.link.beat(self._stats(), force=True)
-
-    def _await_abort(self) -> None:
-        """As the PPO learners: wait, beating, for the controller to end the job after a non-finite halt."""
-        deadline = time.monotonic() + self.config.pipeline.heartbeat_timeout_s
-        while time.monotonic() < deadline:
-            self.link.beat()
-            time.sleep(0.1)
-        raise FloatingPointError(f"{self.halted}; the controller did not end the job")
-
-    def final_checkpoint(self) -> None:
-        if self.index == 0:
-            self.link.send((self.learner.version, self.learner.checkpoint_sections()), TAG_CHECKPOINT)
 
     def drain(self) -> list[tuple[int, int, int]]:
         """Games that arrive after the learners stopped: never trained on (the accounting's "left")."""

@@ -129,15 +129,104 @@ def fits_reuse(consumed: float, batch: float, produced: float, epochs: int, targ
     return consumed + batch * epochs <= target_reuse * produced + 1e-6
 
 
-class LearnerWorker:
+class LockstepLearner:
+    """What every learner rank shares, whatever it trains (PPO here, AlphaZero in ``hpc_rl.roles.go``): the loop under
+    MPI, the allreduced control vector every decision is taken from, and the ways out (the last version, the
+    controller's stop, a non-finite halt, the final checkpoint). A subclass sets ``learner`` (``version``,
+    ``checkpoint_sections()``) and defines ``step``, ``publish`` and ``_stats``; it counts what it received
+    (``produced``), trained on (``consumed``) and rejected, in its own units (samples, positions)."""
+
+    def __init__(self, config: TrainConfig, allreduce: Allreduce, link: ControlLink):
+        self.config, self.allreduce, self.link = config, allreduce, link
+        self.index = allreduce.rank
+        self.produced = 0.0
+        self.consumed = 0.0
+        self.rejected = 0
+        self.nonfinite_streak = 0
+        self.stop_version = 0
+        self.started = time.monotonic()
+        self.done = False
+        self.halted: str | None = None  # why the learners stopped on non-finite losses
+
+    def step(self) -> bool:
+        """Take what arrived and, if the control vector says so, make one update. True if an update was made."""
+        raise NotImplementedError
+
+    def publish(self) -> None:
+        raise NotImplementedError
+
+    def _stats(self) -> dict:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        if self.index == 0:
+            self.publish()
+        self.started = time.monotonic()
+
+    def run(self) -> int:
+        """Under MPI: train until the last version, waiting with backoff while no update can be made."""
+        self.start()
+        backoff = Backoff(self.config.transport.poll)
+        while not self.done:
+            if self.halted is not None:
+                self._await_abort()
+            if self.step():
+                backoff.reset()
+            else:
+                backoff.wait()
+        return self.learner.version
+
+    def _control(self, ready: bool, batch: float) -> dict[str, float]:
+        """The control vector (``CONTROL``) summed over learners; learner 0 contributes the stop version the
+        controller asked for. ``batch``: what the next update would consume, in the units of ``consumed``."""
+        stop = self.link.receive(TAG_STOP) if self.index == 0 else None
+        if stop is not None:
+            self.stop_version = int(stop)
+        local = {"not_ready": 0.0 if ready else 1.0, "stop_version": float(self.stop_version),
+                 "produced": self.produced, "consumed": self.consumed, "next_batch": batch,
+                 "rejected": float(self.rejected)}
+        summed = self.allreduce.sum(torch.tensor([local[k] for k in CONTROL], dtype=torch.float64)).numpy()
+        return dict(zip(CONTROL, summed.tolist()))
+
+    def _finish(self) -> None:
+        self.done = True
+        if self.index == 0:
+            self.link.send(self.learner.version, TAG_DONE)
+        self.link.beat(self._stats(), force=True)
+
+    def _halt(self, version: int) -> None:
+        """After ``max_nonfinite`` skipped updates in a row: learner 0 tells the controller, which writes the
+        metrics (this version's included) and status, then ends the run. The learners make no more updates."""
+        self.halted = (f"non-finite halt at version {version}: {self.nonfinite_streak} updates in a row had "
+                       f"non-finite losses (pipeline.max_nonfinite={self.config.pipeline.max_nonfinite}); they were "
+                       "skipped on every learner and none of them was checkpointed")
+        log.error(self.halted)
+        if self.index == 0:
+            self.link.send(self.halted, TAG_HALT)
+
+    def _await_abort(self) -> None:
+        """Under MPI every learner waits for the controller's abort, beating, instead of raising: an exception here
+        would abort the job before the controller has written what happened. If the controller does not end the
+        job within ``heartbeat_timeout_s``, the learner raises."""
+        deadline = time.monotonic() + self.config.pipeline.heartbeat_timeout_s
+        while time.monotonic() < deadline:
+            self.link.beat()
+            time.sleep(0.1)
+        raise FloatingPointError(f"{self.halted}; the controller did not end the job")
+
+    def final_checkpoint(self) -> None:
+        """Learner 0 ships the last version's state (the controller commits it unless already committed)."""
+        if self.index == 0:
+            self.link.send((self.learner.version, self.learner.checkpoint_sections()), TAG_CHECKPOINT)
+
+
+class LearnerWorker(LockstepLearner):
     def __init__(self, config: TrainConfig, spec: EnvSpec, allreduce: Allreduce, ring: ExperienceRing,
                  params: ParameterChannel, link: ControlLink, resume: tuple[int, dict] | None, gpu_slot: int = 0):
         """``allreduce`` sums over the learners (``make_allreduce`` on their communicator; ``SingleAllreduce`` for
         the one learner of a run in one process); ``gpu_slot`` picks the GPU (``select_device``)."""
-        self.config = config
-        self.allreduce = allreduce
-        self.index = allreduce.rank
-        self.ring, self.params, self.link = ring, params, link
+        super().__init__(config, allreduce, link)
+        self.ring, self.params = ring, params
         self.spec = spec
         self.device = select_device(config.pipeline.learner_device, gpu_slot)
         torch.manual_seed(config.seed)
@@ -150,21 +239,14 @@ class LearnerWorker:
         self.allreduce.broadcast_([t for t in self.policy.state_dict().values() if t.is_floating_point()])
         self.schema = SegmentSchema.of_run(config, self.spec)
         self.store = SegmentStore(config.pipeline, config.target_reuse, config.ppo.epochs)
-        self.produced = 0.0  # samples received by this learner
-        self.consumed = 0.0  # samples used by gradient steps (every PPO epoch counts)
-        self.rejected = 0
+        # produced: samples received by this learner; consumed: samples used by gradient steps (every PPO epoch counts)
         # Views of segments left in the ring (their slots stay READY to the writers) until the store wants them:
         # under full_policy=block a full ring holds its writers back, which is how producers wait for the learners.
         self.waiting: list = []
         self.throttled = False  # the last control vector had every batch ready but the reuse target held the update
         self.ring_ready, self.ring_polls = 0.0, 0  # READY slots summed over the polls since the last update
-        self.nonfinite_streak = 0
         self.staleness_hist = np.zeros(M.STALENESS_BINS)
         self.consumed_ids: list[tuple[int, int, int]] = []
-        self.stop_version = 0
-        self.started = time.monotonic()
-        self.done = False
-        self.halted: str | None = None  # why the learners stopped on non-finite losses
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def sections(self) -> dict:
@@ -204,36 +286,6 @@ class LearnerWorker:
             self.ring.release(views)
         self.store.add(arrived)
 
-    def _control(self, ready: bool, batch_samples: float) -> dict[str, float]:
-        """The control vector (``CONTROL``) summed over learners; learner 0 contributes the stop version the
-        controller asked for."""
-        stop = self.link.receive(TAG_STOP) if self.index == 0 else None
-        if stop is not None:
-            self.stop_version = int(stop)
-        local = {"not_ready": 0.0 if ready else 1.0, "stop_version": float(self.stop_version),
-                 "produced": self.produced, "consumed": self.consumed, "next_batch": batch_samples,
-                 "rejected": float(self.rejected)}
-        summed = self.allreduce.sum(torch.tensor([local[k] for k in CONTROL], dtype=torch.float64)).numpy()
-        return dict(zip(CONTROL, summed.tolist()))
-
-    def run(self) -> int:
-        """Under MPI: train until the last version, waiting with backoff while no update can be made."""
-        self.start()
-        backoff = Backoff(self.config.transport.poll)
-        while not self.done:
-            if self.halted is not None:
-                self._await_abort()
-            if self.step():
-                backoff.reset()
-            else:
-                backoff.wait()
-        return self.learner.version
-
-    def start(self) -> None:
-        if self.index == 0:
-            self.publish()
-        self.started = time.monotonic()
-
     def step(self) -> bool:
         """Take the segments that arrived and, if every learner has a batch and the reuse throttle allows it, make
         one update together (the decision is the allreduced control vector's, so every learner takes the same one).
@@ -257,12 +309,6 @@ class LearnerWorker:
             return False
         self._update(chosen, epochs, control)
         return True
-
-    def _finish(self) -> None:
-        self.done = True
-        if self.index == 0:
-            self.link.send(self.learner.version, TAG_DONE)
-        self.link.beat(self._stats(), force=True)
 
     def _update(self, chosen: list[Held], epochs: int, control: dict[str, float]) -> None:
         consumed_after = control["consumed"] + control["next_batch"] * epochs
@@ -310,31 +356,6 @@ class LearnerWorker:
                 self.link.send((version, self.sections()), TAG_CHECKPOINT)
         if self.nonfinite_streak >= self.config.pipeline.max_nonfinite:
             self._halt(version)
-
-    def _halt(self, version: int) -> None:
-        """After ``max_nonfinite`` skipped updates in a row: learner 0 tells the controller, which writes the
-        metrics (this version's included) and status, then ends the run. The learners make no more updates."""
-        self.halted = (f"non-finite halt at version {version}: {self.nonfinite_streak} updates in a row had "
-                       f"non-finite losses (pipeline.max_nonfinite={self.config.pipeline.max_nonfinite}); they were "
-                       "skipped on every learner and none of them was checkpointed")
-        log.error(self.halted)
-        if self.index == 0:
-            self.link.send(self.halted, TAG_HALT)
-
-    def _await_abort(self) -> None:
-        """Under MPI every learner waits for the controller's abort, beating, instead of raising: an exception here
-        would abort the job before the controller has written what happened. If the controller does not end the
-        job within ``heartbeat_timeout_s``, the learner raises."""
-        deadline = time.monotonic() + self.config.pipeline.heartbeat_timeout_s
-        while time.monotonic() < deadline:
-            self.link.beat()
-            time.sleep(0.1)
-        raise FloatingPointError(f"{self.halted}; the controller did not end the job")
-
-    def final_checkpoint(self) -> None:
-        """Learner 0 ships the last version's state (the controller commits it unless already committed)."""
-        if self.index == 0:
-            self.link.send((self.learner.version, self.sections()), TAG_CHECKPOINT)
 
     def drain(self) -> list[tuple[int, int, int]]:
         """Segments never trained on: left at the stop or evicted from a full buffer (exactly-once accounting)."""
