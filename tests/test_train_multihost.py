@@ -61,7 +61,10 @@ def test_training_across_hosts_is_preempted_and_resumes_with_each_role_on_its_ho
             time.sleep(0.5)
         time.sleep(2)
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
-        states = wait_for_jobs([job], timeout=240)
+        try:
+            states = wait_for_jobs([job], timeout=240)
+        except TimeoutError as err:  # the job's own output says where it stood
+            pytest.fail(f"{err}\n{out.read_text()[-6000:]}")
         log = out.read_text()
         assert set(states.values()) == {"COMPLETED"}, f"{states}\n{log}"  # both components
     finally:
