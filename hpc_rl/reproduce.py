@@ -65,6 +65,9 @@ class Panel:
     values: tuple[str, ...]
     seeds: tuple[str, ...]
     versions: int = 0  # pipeline.max_versions of every member (0: not chosen yet)
+    # What the ablation config sets for all its members besides the swept key (dotted key -> value), e.g. the reuse
+    # panel's learning rate: a finished run directory counts as a member only if it has these too.
+    settings: tuple[tuple[str, object], ...] = ()
 
     @property
     def members(self) -> list[tuple[str, str]]:
@@ -76,12 +79,30 @@ def read_panel(name: str, conf: Path = ROOT / "conf") -> Panel:
     path = conf / "ablation" / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"no ablation {name!r}: {path} does not exist")
-    params = dict(yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"])
+    ablation = yaml.safe_load(path.read_text())
+    params = dict(ablation["hydra"]["sweeper"]["params"])
     seeds = params.pop("seed", None)
     if seeds is None or len(params) != 1:
         raise ValueError(f"{path}: the sweeper must sweep seed and one other key, got {sorted(params) + ['seed']}")
     ((key, values),) = params.items()
-    return Panel(name, key, _split(values), _split(seeds))
+    fixed = {k: v for k, v in ablation.items() if k not in ("hydra", "defaults", "runs_dir", "run_name")}
+    return Panel(name, key, _split(values), _split(seeds), settings=tuple(sorted(_leaves(fixed).items())))
+
+
+def _leaves(node: dict, prefix: str = "") -> dict[str, object]:
+    """``{"ppo": {"lr": {"start": 3e-3}}}`` as ``{"ppo.lr.start": 3e-3}``."""
+    out = {}
+    for k, v in node.items():
+        out.update(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _get(config: dict, key: str):
+    """The value at dotted ``key`` in a run's config.yaml, or None."""
+    node = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def _split(values) -> tuple[str, ...]:
@@ -105,7 +126,8 @@ def is_finished(summary: dict | None, versions: int) -> bool:
 def finished_members(panel: Panel, sweep_dir: Path) -> set[tuple[str, str]]:
     """The (value, seed) of ``panel`` whose run directory under ``sweep_dir`` holds a summary finished at the
     panel's versions, read from each directory's own config.yaml (so the names are the ablation config's business
-    alone)."""
+    alone). A run that differs from the panel's own settings (one left by an earlier version of the ablation config,
+    say another learning rate) is not one of its members."""
     done = set()
     for run_dir in sorted(p for p in sweep_dir.glob("*") if p.is_dir()):
         layout = RunLayout(run_dir)
@@ -114,10 +136,10 @@ def finished_members(panel: Panel, sweep_dir: Path) -> set[tuple[str, str]]:
         if not is_finished(json.loads(layout.summary.read_text()), panel.versions):
             continue
         config = yaml.safe_load(layout.config.read_text())
-        node = config
-        for part in panel.key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        done |= {(v, s) for v, s in panel.members if same_value(v, node) and same_value(s, config.get("seed"))}
+        if not all(same_value(str(want), _get(config, key)) for key, want in panel.settings):
+            continue
+        value = _get(config, panel.key)
+        done |= {(v, s) for v, s in panel.members if same_value(v, value) and same_value(s, config.get("seed"))}
     return done
 
 
@@ -251,7 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     panels = []
     for name in args.panels:
         panel = read_panel(name)
-        panels.append(replace(panel, seeds=tuple(args.seeds) if args.seeds else panel.seeds,
+        # An override of a setting the ablation config fixes wins on every member, so it is what a member has.
+        given = dict(o.lstrip("+").split("=", 1) for o in args.overrides if "=" in o)
+        settings = tuple((k, given.get(k, v)) for k, v in panel.settings)
+        panels.append(replace(panel, seeds=tuple(args.seeds) if args.seeds else panel.seeds, settings=settings,
                               versions=batch_versions if name == "batch_size" else args.versions))
     done = {p.name: finished_members(p, args.runs / p.name) for p in panels}
     total = sum(len(p.members) for p in panels)

@@ -5,6 +5,7 @@ local Slurm cluster, what stopping it does to the jobs it submitted."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 import signal
 import subprocess
@@ -102,6 +103,27 @@ def test_dry_run_skips_finished_members(tmp_path, capsys):
     # The batch panel runs half the versions unless told, and its members' finished summaries are judged by them.
     main(["--runs", str(tmp_path), "--panels", "batch_size", "--seeds", "3", "--versions", "40", "--dry-run"])
     assert "pipeline.max_versions=20 pipeline.segments_per_batch=1,2,4,8 seed=3" in capsys.readouterr().out
+
+
+def test_a_run_without_the_panels_own_settings_is_not_its_member(tmp_path, capsys):
+    """The reuse panel fixes a learning rate: a finished run of the same value and seed at another rate (an earlier
+    panel's) is not one of its members, unless the command line overrides the rate to that one."""
+    assert ("ppo.lr.start", 3.0e-3) in read_panel("reuse").settings
+    sweep = tmp_path / "reuse"
+    for lr, name in ((3.0e-3, "reuse1-lr0.003-seed3"), (1.0e-3, "reuse2-seed3")):
+        value = 1 if lr == 3.0e-3 else 2
+        run = sweep / name
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(yaml.safe_dump(
+            {"seed": 3, "pipeline": {"target_reuse": value}, "ppo": {"lr": {"start": lr}}}))
+        (run / "summary.json").write_text(json.dumps({"state": "finished", "version": 40}))
+    panel = replace(read_panel("reuse"), seeds=("3",), versions=40)
+    assert finished_members(panel, sweep) == {("1", "3")}
+    main(["--runs", str(tmp_path), "--panels", "reuse", "--seeds", "3", "--versions", "40", "--dry-run"])
+    assert "pipeline.target_reuse=2,4 seed=3\n" in capsys.readouterr().out
+    main(["--runs", str(tmp_path), "--panels", "reuse", "--seeds", "3", "--versions", "40", "--dry-run",
+          "ppo.lr.start=1e-3"])
+    assert "pipeline.target_reuse=1,4 seed=3 ppo.lr.start=1e-3\n" in capsys.readouterr().out
 
 
 def test_local_dry_run_runs_each_member_as_its_own_job_seed_by_seed(tmp_path, capsys):
