@@ -1,12 +1,13 @@
 """Replays of ``nmmo``: one world seen from above as an animated GIF, agents coloured by population.
 
-    python -m hpc_rl.envs.nmmo_render --out replay/nmmo.gif [--agents 128] [--steps 300] [--every 2] [--seed 0]
+    python -m hpc_rl.envs.nmmo_render --out replay/nmmo.gif [--agents 128] [--steps 300] [--every 2] [--seed 0] \
+        [--populations 1]
 
 The forager bot (``hpc_rl.envs.nmmo_bots``, attacking on ``--aggression`` of its ticks: 2% by default, as in the
-benchmark) plays every agent of one copy from its first tick. Tiles are drawn in
-their material's colour (lava, water, grass, eaten forest, forest, stone), each agent as a disc in its population's
-colour (``spec.agent_team``: one population for now) with a white ring while frozen; the caption counts the tick and
-the living agents. Frames share ``hpc_rl.envs.render.save_gif``'s palette.
+benchmark) plays every agent of one copy from its first tick. Tiles are drawn in their material's colour (lava,
+water, grass, eaten forest, forest, stone), each agent as a disc in its population's colour (``spec.agent_team``:
+slot a is in population a mod ``--populations``) with a white ring while frozen; the caption counts the tick and the
+living agents. Frames share ``hpc_rl.envs.render.save_gif``'s palette.
 """
 
 from __future__ import annotations
@@ -80,10 +81,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tile-pixels", type=int, default=6)
     parser.add_argument("--aggression", type=float, default=0.02, help="the forager's chance to attack per tick")
+    parser.add_argument("--populations", type=int, default=1, help="populations the agents are coloured by")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        config = NmmoConfig(num_agents=args.agents, map_size=args.map_size)
+        config = NmmoConfig(num_agents=args.agents, map_size=args.map_size, populations=args.populations)
         path, frames = render_world(args.out, config, args.steps, args.every, args.seed, args.tile_pixels,
                                      args.aggression)
     except ValueError as err:
