@@ -79,6 +79,33 @@ def test_the_world_spec_and_the_config_carry_the_populations(tmp_path):
     assert "env.nmmo.populations" in SHAPE_KEYS
 
 
+def test_every_population_decides_with_the_control_vector_of_every_learner():
+    """Two populations of one learner each: each is the first of its population (it publishes, reports and
+    checkpoints), but only learner 0 of all hears the controller's stop, and both see the sums over both."""
+    import threading
+
+    from hpc_rl.roles.allreduce import SingleAllreduce
+    from hpc_rl.roles.learner import CONTROL, LockstepLearner
+    from test_roles_logic import Link, ThreadAllreduce
+
+    reduce = ThreadAllreduce(2)
+    learners = [LockstepLearner(None, SingleAllreduce(), Link(stop=7 + 2 * k), reduce.of(k), population=k)
+                for k in (0, 1)]
+    assert [(w.index, w.first, w.population) for w in learners] == [(0, True, 0), (0, False, 1)]
+    for k, w in enumerate(learners):
+        w.produced, w.consumed = 100.0 * (k + 1), 10.0 * (k + 1)
+    out = [None, None]
+    threads = [threading.Thread(target=lambda k=k: out.__setitem__(k, learners[k]._control(True, 5.0)))
+               for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert out[0] == out[1] == {"not_ready": 0.0, "stop_version": 7.0, "produced": 300.0, "consumed": 30.0,
+                                "next_batch": 10.0, "rejected": 0.0}
+    assert tuple(out[0]) == CONTROL
+
+
 def test_each_population_s_policy_plays_its_agents_and_its_learners_get_their_segments(tmp_path):
     """One env rank, one inference rank and two learners (one per population) in process, on the local transport:
     the populations' policies differ and are published at different versions; every segment in a learner's ring holds
