@@ -59,6 +59,14 @@ def test_slots_learners_checkpoint_groups_and_metrics_belong_to_populations():
     # A version's row: each population's figures under its name, and their mean under the plain one.
     assert merge_metrics([{"x": 1.0}]) == {"x": 1.0}
     assert merge_metrics([{"x": 1.0}, {"x": 3.0}]) == {"x": 2.0, "population_0/x": 1.0, "population_1/x": 3.0}
+    # The final evaluation's line names each population's mean lifetime.
+    from hpc_rl.roles.console import final_eval_line
+
+    final = {"worlds": 2, "policy_agents": 64, "policy_mean_lifetime": 9.0, "policy_ci95": [6.5, 11.5],
+             "random_mean_lifetime": 7.8, "random_ci95": [6.0, 9.5], "lifetime_ratio": 1.15, "seconds": 3.0}
+    assert "9.0 [6.5, 11.5] vs random" in final_eval_line(final)
+    final |= {"population_0_mean_lifetime": 10.8, "population_1_mean_lifetime": 7.4}
+    assert "9.0 [6.5, 11.5] (populations: 10.8, 7.4) vs random" in final_eval_line(final)
 
 
 def test_the_world_spec_and_the_config_carry_the_populations(tmp_path):
