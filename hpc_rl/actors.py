@@ -3,9 +3,10 @@
     actor.act(obs) -> actions      # obs of E copies x A agents (``hpc_rl.envs.api``); actions: every head, (E, A)
     actor.reset(done)              # done: (E,) bool, the copies whose game ended (the env already started the next)
 
-The reference bots (``hpc_rl.envs.scripted``: ``RandomBot``, ``ScriptedBot``) and ``PolicyActor`` (a policy playing
-some agents) implement it; ``hpc_rl.play.play`` runs games between actors, and the serial runner's opponent and an
-env rank's scripted bot are actors too. An actor answers for every agent of every copy; the caller applies its
+The reference bots (``hpc_rl.envs.scripted``: ``RandomBot``, ``ScriptedBot``), ``PolicyActor`` (a policy playing
+some agents) and ``PopulationActors`` (policies playing disjoint agents: one per population) implement it;
+``hpc_rl.play.play`` runs games between actors, and the serial runner's opponent and an env rank's scripted bot are
+actors too. An actor answers for every agent of every copy; the caller applies its
 answers to the agents it controls (``PolicyActor`` computes only those and leaves the others 0).
 """
 
@@ -80,3 +81,22 @@ class PolicyActor:
         if ends.shape != self.agents.shape:
             raise ValueError(f"ends must be {self.agents.shape}, got {ends.shape}")
         self.starts |= ends.reshape(-1)[self.rows]
+
+
+class PopulationActors:
+    """Actors of disjoint agents as one: each population's policy (``hpc_rl.populations``) playing its own agents."""
+
+    def __init__(self, actors: list[PolicyActor]):
+        self.actors = actors
+
+    def act(self, obs: Obs) -> Actions:
+        parts = [actor.act(obs) for actor in self.actors]  # each is 0 for the agents it does not control
+        return {head: sum(p[head] for p in parts) for head in parts[0]}
+
+    def reset(self, done: np.ndarray) -> None:
+        for actor in self.actors:
+            actor.reset(done)
+
+    def reset_agents(self, ends: np.ndarray) -> None:
+        for actor in self.actors:
+            actor.reset_agents(ends)

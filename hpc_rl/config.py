@@ -49,8 +49,8 @@ class EnvConfig:
     """Which environment every env rank simulates, and how many copies of it."""
 
     # "moba" (the embedded MOBA, settings in ``moba``), "nmmo" (the embedded Neural MMO world, settings in ``nmmo``:
-    # one population, every agent learning, an agent's episode its lifetime: docs/nmmo.md), "gym:<Gymnasium id>"
-    # (gym:CartPole-v1) or "pettingzoo:<module>", a PettingZoo parallel environment's module
+    # every agent learning, in one population or ``nmmo.populations``, an agent's episode its lifetime: docs/nmmo.md),
+    # "gym:<Gymnasium id>" (gym:CartPole-v1) or "pettingzoo:<module>", a PettingZoo parallel environment's module
     # (pettingzoo:mpe2.simple_spread_v3): every agent of every copy is played and trained by the one policy
     # (hpc_rl.envs.pettingzoo_adapter), or "go" (AlphaZero's self-play of ``go``: docs/go.md, "Training")
     name: str = "moba"
@@ -219,7 +219,8 @@ class EnvConfig:
 
     def reward_config(self) -> RewardConfig:
         """MOBA: Honor of Kings table 6 weights, decayed over game time except win/loss; Neural MMO: its weights
-        (−1 at death), undecayed, and not zero-sum (one population); Gymnasium and PettingZoo: the reward."""
+        (−1 at death), undecayed, and not zero-sum (populations share a world, not a score); Gymnasium and
+        PettingZoo: the reward."""
         if self.is_moba:
             return RewardConfig(weights=tuple(float(self.moba.reward_weights[k]) for k in REWARD_EVENTS),
                                 decayed=tuple(k not in UNDECAYED_EVENTS for k in REWARD_EVENTS))
@@ -382,13 +383,17 @@ class TrainConfig:
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.env.is_nmmo:
-            # One population in one world: no second team for the scripted bot or a past version to play, and a
-            # team spirit would share every reward with the whole population.
+            # Populations in one world, not a game of two teams: no second team for the scripted bot or a past version
+            # to play, and a team spirit would share every reward with the whole population.
             for key, value in (("env.vs_scripted_fraction", self.env.vs_scripted_fraction),
                                ("league.past_fraction", self.league.past_fraction),
                                ("ppo.team_spirit", max(self.ppo.team_spirit(0), self.ppo.team_spirit(10**9)))):
                 if value:
-                    raise ValueError(f"{key} must be 0 for env.name=nmmo (one population, no teams), got {value}")
+                    raise ValueError(f"{key} must be 0 for env.name=nmmo (populations, no two-team games), got "
+                                     f"{value}")
+        if self.populations > self.topology.learner:
+            raise ValueError(f"topology.learner ({self.topology.learner}) must be >= env.nmmo.populations "
+                             f"({self.populations}): each population learns on learner ranks of its own")
         if self.topology.evaluator and not self.env.is_moba:
             raise ValueError(f"topology.evaluator must be 0 for env.name={self.env.name}: evaluator ranks rate MOBA "
                              "policies against the reference bots; rate a Gymnasium run's greedy return offline with "
@@ -427,6 +432,12 @@ class TrainConfig:
         return self.ppo.epochs if self.pipeline.target_reuse is None else self.pipeline.target_reuse
 
     @property
+    def populations(self) -> int:
+        """Policies with unshared weights over the world (``hpc_rl.populations``): ``env.nmmo.populations`` in
+        Neural MMO, 1 elsewhere."""
+        return self.env.nmmo.populations if self.env.is_nmmo else 1
+
+    @property
     def uses_league(self) -> bool:
         """Past versions play some self-play games: MOBA, league.past_fraction > 0 and copies without the bot."""
         return (self.env.is_moba and self.league.past_fraction > 0
@@ -458,12 +469,14 @@ class TrainConfig:
 
 # The settings that decide the shapes of a checkpoint's state (the network's parameters, and with them Adam's and
 # the gradient clip's moments; the observation and value normalisers) or the spaces it was trained on (the
-# environment: its observations' entities and features, its actions). A resumed run keeps them; it may change every
-# other setting. tests/test_resume.py holds this list against the learner's state and the environment's spec.
+# environment: its observations' entities and features, its actions; Neural MMO's populations: how many policies the
+# checkpoint holds). A resumed run keeps them; it may change every other setting. tests/test_resume.py holds this
+# list against the learner's state and the environment's spec.
 GO_SHAPE_KEYS = ("env.go.board_size", "env.go.net.blocks", "env.go.net.filters", "alphazero.optimizer")
 SHAPE_KEYS = ("env.name", "env.game_version", "env.moba.team_size", "env.moba.lanes", "env.moba.towers_per_lane",
               "env.moba.wave_melee", "env.moba.wave_ranged", "env.moba.max_waves_alive", "model.core", "model.lstm_size",
-              "model.embed_size", "model.entity_pooling", "ppo.value_norm") + GO_SHAPE_KEYS
+              "model.embed_size", "model.entity_pooling", "ppo.value_norm",
+              "env.nmmo.populations") + GO_SHAPE_KEYS
 # Where a run is and when it stops, not how it learns: never a change (a finished run is continued by raising
 # pipeline.max_versions).
 UNRECORDED_KEYS = ("run_name", "runs_dir", "pipeline.max_versions", "pipeline.max_seconds")

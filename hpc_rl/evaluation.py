@@ -19,12 +19,13 @@ import numpy as np
 import torch
 import yaml
 
-from hpc_rl.actors import Actor, PolicyActor
+from hpc_rl.actors import Actor, PolicyActor, PopulationActors
 from hpc_rl.config import TrainConfig, build_config
 from hpc_rl.envs.api import VecEnv
 from hpc_rl.model.policy import Policy
 from hpc_rl.model.tree import to_torch_tree
 from hpc_rl.play import play, team_agents
+from hpc_rl.populations import population_sections
 from hpc_rl.stats import wilson_interval
 from hpc_rl.storage import Checkpoint, open_run
 
@@ -36,10 +37,15 @@ NMMO_EVAL_TICKS = 1000
 Player = Policy | str  # a policy, or the name of a reference bot ("random", "scripted")
 
 
-def policy_from_checkpoint(ckpt: Checkpoint, config: TrainConfig) -> Policy:
-    """The policy (parameters and observation normaliser) of a loaded checkpoint, in eval mode."""
+def policy_from_checkpoint(ckpt: Checkpoint, config: TrainConfig, population: int = 0) -> Policy:
+    """The policy (parameters and observation normaliser) of a loaded checkpoint, in eval mode: with populations
+    (``hpc_rl.populations``), population ``population``'s."""
     policy = Policy(config.env.make(num_envs=1).spec, config.model)
-    params = to_torch_tree(ckpt.sections["params"])
+    try:
+        sections = population_sections(ckpt.sections, population, config.populations)
+    except ValueError as err:
+        raise ValueError(f"{ckpt.path}: {err}") from None
+    params = to_torch_tree(sections["params"])
     # Checkpoints from before value normalisation hold no value statistics: their heads predicted raw returns.
     params.setdefault("value_mean", torch.zeros(()))
     params.setdefault("value_std", torch.ones(()))
@@ -47,8 +53,20 @@ def policy_from_checkpoint(ckpt: Checkpoint, config: TrainConfig) -> Policy:
     return policy.eval()
 
 
+def checkpoint_policies(ckpt: Checkpoint, config: TrainConfig) -> list[Policy]:
+    """Every population's policy of a loaded checkpoint (one where the run has no populations)."""
+    return [policy_from_checkpoint(ckpt, config, k) for k in range(config.populations)]
+
+
 def load_policy(run_dir: str | Path, version: int | None = None) -> tuple[Policy, TrainConfig, int]:
-    """The policy of a run's checkpoint (latest good one by default), its config and its version."""
+    """The policy of a run's checkpoint (latest good one by default; population 0's where the run has populations),
+    its config and its version."""
+    ckpt, config = load_checkpoint_of_run(run_dir, version)
+    return policy_from_checkpoint(ckpt, config), config, ckpt.version
+
+
+def load_checkpoint_of_run(run_dir: str | Path, version: int | None = None) -> tuple[Checkpoint, TrainConfig]:
+    """A run's checkpoint (latest good one by default) and the run's config."""
     run = open_run(run_dir)
     if not run.layout.config.exists():
         raise FileNotFoundError(f"{run_dir} has no {run.layout.config.name}: not a training run's directory")
@@ -64,7 +82,7 @@ def load_policy(run_dir: str | Path, version: int | None = None) -> tuple[Policy
     ckpt = run.load_checkpoint(version)
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint")
-    return policy_from_checkpoint(ckpt, config), config, ckpt.version
+    return ckpt, config
 
 
 def evaluate_return(policy: Policy, env: VecEnv, seed: int, deterministic: bool = True) -> np.ndarray:
@@ -132,13 +150,14 @@ def play_vs_bot(policy: Policy, config: TrainConfig, bot: str, games: int, seed:
     return {**result, "bot": bot, "bot_hash": scripted_bot_hash() if bot == "scripted" else None}
 
 
-def nmmo_lifetimes(player: Policy | str, config: TrainConfig, copies: int, seed: int,
-                   max_ticks: int = NMMO_EVAL_TICKS) -> tuple[np.ndarray, int]:
-    """Neural MMO: ``player`` (a policy, sampling as in training, or "random", uniform over the legal actions) plays
-    every agent of ``copies`` worlds of the run's settings from ``seed``, until the first ``num_agents`` agents to
-    spawn in each world have died, or ``max_ticks`` ticks. Returns their lifetimes (ticks), and how many of them were
-    still alive at the end (they count the ticks they had lived: a lower bound). A cohort of the first spawns has the
-    same size for every player, unlike the deaths within a window of ticks, which favour short lives."""
+def nmmo_lifetimes(player: Policy | list[Policy] | str, config: TrainConfig, copies: int, seed: int,
+                   max_ticks: int = NMMO_EVAL_TICKS) -> tuple[np.ndarray, int, np.ndarray]:
+    """Neural MMO: ``player`` (a policy, or one per population, sampling as in training, or "random", uniform over
+    the legal actions) plays every agent of ``copies`` worlds of the run's settings from ``seed``, until the first
+    ``num_agents`` agents to spawn in each world have died, or ``max_ticks`` ticks. Returns their lifetimes (ticks),
+    how many of them were still alive at the end (they count the ticks they had lived: a lower bound), and the
+    population of each (its slot's). A cohort of the first spawns has the same size for every player, unlike the
+    deaths within a window of ticks, which favour short lives."""
     from hpc_rl.envs.scripted import RandomBot
 
     if not config.env.is_nmmo:
@@ -148,12 +167,18 @@ def nmmo_lifetimes(player: Policy | str, config: TrainConfig, copies: int, seed:
     env = config.env.make(num_envs=copies)
     spec = env.spec
     n = spec.num_agents
-    everyone = np.ones((copies, n), dtype=bool)
-    actor = RandomBot(seed + 1) if isinstance(player, str) else PolicyActor(player, everyone)
+    team = np.broadcast_to(np.asarray(spec.agent_team), (copies, n))
+    policies = [player] if isinstance(player, Policy) else player
+    if not isinstance(player, str) and len(policies) != config.populations:
+        raise ValueError(f"{len(policies)} policies for the run's {config.populations} populations")
+    actor = RandomBot(seed + 1) if isinstance(player, str) else \
+        PopulationActors([PolicyActor(p, team == k) for k, p in enumerate(policies)])
     torch.manual_seed(seed)
     obs = env.reset(seed)
     occupied = spec.occupied(obs["global"])
     who = np.where(occupied, 0, -1)  # the spawn index of every slot's agent (-1: empty); reset spawns one agent
+    population = np.zeros((copies, n), dtype=np.int64)  # of each world's first n agents: their slot's
+    population[:, 0] = team[np.arange(copies), np.argmax(occupied, axis=1)]
     spawns = occupied.sum(axis=1)  # agents spawned so far, per world
     spawn_tick = np.zeros((copies, n), dtype=np.int64)  # per world, of its first n agents
     lifetime = np.zeros((copies, n), dtype=np.int64)
@@ -171,14 +196,15 @@ def nmmo_lifetimes(player: Policy | str, config: TrainConfig, copies: int, seed:
             who[e, a] = spawns[e]
             if spawns[e] < n:
                 spawn_tick[e, spawns[e]] = tick
+                population[e, spawns[e]] = team[e, a]
             spawns[e] += 1
         occupied = now
-        if isinstance(actor, PolicyActor):  # as inference ranks: a fresh state after a death and in an empty slot
+        if isinstance(actor, PopulationActors):  # as inference ranks: a fresh state after a death and in an empty slot
             actor.reset_agents(spec.episode_ends(dones, infos["agent_done"]) | ~occupied)
     cohort = np.arange(n)[None, :] < spawns[:, None]
     alive = cohort & ~died
     lifetime[alive] = tick - spawn_tick[alive]
-    return lifetime[cohort].astype(np.float64), int(alive.sum())
+    return lifetime[cohort].astype(np.float64), int(alive.sum()), population[cohort]
 
 
 def mean_ci95(values: np.ndarray) -> tuple[float, float, float]:
@@ -188,7 +214,8 @@ def mean_ci95(values: np.ndarray) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-def final_evaluation(policy: Policy, config: TrainConfig, games: int, seed: int = FINAL_EVAL_SEED) -> dict:
+def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: int, seed: int = FINAL_EVAL_SEED
+                     ) -> dict:
     """The evaluation a training job ends with (``final_eval`` of summary.json), timed in ``seconds``.
 
     MOBA: ``games`` games against the frozen scripted bot, half on each side, the policy sampling its actions as in
@@ -196,17 +223,27 @@ def final_evaluation(policy: Policy, config: TrainConfig, games: int, seed: int 
     PettingZoo: the greedy return of one episode in each of ``games`` env copies (``mean_return``, ``std_return``;
     PettingZoo: per agent, the mean of the agents' returns in each episode). Neural MMO: the mean lifetime of the
     first agents of ``games`` worlds' slots (``nmmo_lifetimes``) played by the policy and, in the same worlds, by
-    the random bot, each with its 95% interval, and their ratio."""
+    the random bot, each with its 95% interval, and their ratio; with populations (``policy``: one per population)
+    also each population's agents' (``population_<k>_mean_lifetime``, ``_ci95``, ``_agents``)."""
     if games < 2 or games % 2:
         raise ValueError(f"the final evaluation needs an even number of games >= 2 (half on each side), got {games}")
     started = time.monotonic()
+    policies = policy if isinstance(policy, list) else [policy]
+    if len(policies) != config.populations:
+        raise ValueError(f"{len(policies)} policies for the run's {config.populations} populations")
+    policy = policies[0]  # the one policy, where there are no populations
     if config.env.is_nmmo:
         result = {"worlds": games}
-        for name, player in (("policy", policy), ("random", "random")):
-            lifetimes, censored = nmmo_lifetimes(player, config, games, seed)
+        for name, player in (("policy", policies), ("random", "random")):
+            lifetimes, censored, population = nmmo_lifetimes(player, config, games, seed)
             mean, low, high = mean_ci95(lifetimes)
             result.update({f"{name}_agents": int(lifetimes.size), f"{name}_mean_lifetime": mean,
                            f"{name}_ci95": [low, high], f"{name}_alive_at_end": censored})
+            if name == "policy" and config.populations > 1:
+                for k in range(config.populations):
+                    mean, low, high = mean_ci95(lifetimes[population == k])
+                    result.update({f"population_{k}_agents": int((population == k).sum()),
+                                   f"population_{k}_mean_lifetime": mean, f"population_{k}_ci95": [low, high]})
         result["lifetime_ratio"] = result["policy_mean_lifetime"] / result["random_mean_lifetime"]
     elif config.env.is_moba:
         r = play_vs_bot(policy, config, "scripted", games, seed)

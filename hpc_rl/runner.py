@@ -61,6 +61,9 @@ class SerialRunner:
         """``env`` replaces the environment ``config.env`` would make (its ``num_envs`` copies); ``overrides`` go to
         the runs directory's index as in the MPI job. An existing run directory is resumed from its latest good
         checkpoint."""
+        if config.populations > 1:
+            raise ValueError(f"env.nmmo.populations={config.populations} needs the MPI job (python -m hpc_rl.launch): "
+                             "each population learns on learner ranks of its own, and the serial runner has one")
         config = dataclasses.replace(config, topology=TOPOLOGY,
                                      transport=dataclasses.replace(config.transport, backend="local"))
         self.config = config
@@ -94,14 +97,14 @@ class SerialRunner:
             from hpc_rl.roles.go import GoEnvWorker, GoInferenceWorker, GoLearnerWorker
 
             self.learner_worker = GoLearnerWorker(config, SingleAllreduce(), channels[LEARNER].rings[0],
-                                                  channels[LEARNER].params, link(LEARNER), resumed)
-            self.inference = GoInferenceWorker(config, [ENV], channels[INFERENCE].steps, channels[INFERENCE].params,
-                                               link(INFERENCE))
+                                                  channels[LEARNER].params[0], link(LEARNER), resumed)
+            self.inference = GoInferenceWorker(config, [ENV], channels[INFERENCE].steps,
+                                               channels[INFERENCE].params[0], link(INFERENCE))
             self.env_worker = self.producer = GoEnvWorker(config, ENV, channels[ENV].steps, channels[ENV].rings,
                                                           link(ENV), max(resume_version, 0))
         else:
             self.learner_worker = LearnerWorker(config, spec, SingleAllreduce(), channels[LEARNER].rings[0],
-                                                channels[LEARNER].params, link(LEARNER), resumed)
+                                                channels[LEARNER].params[0], link(LEARNER), resumed)
             self.inference = self.producer = InferenceWorker(config, spec, [ENV], channels[INFERENCE].steps,
                                                              channels[INFERENCE].rings, channels[INFERENCE].params,
                                                              link(INFERENCE))

@@ -27,12 +27,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, help="seed of the games (default: the training job's final evaluation's)")
     args = parser.parse_args(argv)
     set_torch_threads()
-    from hpc_rl.evaluation import FINAL_EVAL_SEED, final_evaluation, load_policy
+    from hpc_rl.evaluation import FINAL_EVAL_SEED, checkpoint_policies, final_evaluation, load_checkpoint_of_run
     from hpc_rl.roles.console import final_eval_line
 
-    policy, config, version = load_policy(args.run_dir, args.version)
+    ckpt, config = load_checkpoint_of_run(args.run_dir, args.version)
+    version = ckpt.version
     try:
-        result = final_evaluation(policy, config, args.games, FINAL_EVAL_SEED if args.seed is None else args.seed)
+        result = final_evaluation(checkpoint_policies(ckpt, config), config, args.games,
+                                  FINAL_EVAL_SEED if args.seed is None else args.seed)
     except ValueError as err:
         parser.error(str(err))
     print(f"version {version}: {final_eval_line(result)}")

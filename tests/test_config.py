@@ -46,12 +46,16 @@ def test_a_gymnasium_env_on_the_default_job_gets_the_default_learning_settings()
 
 @pytest.mark.parametrize("override, message", [
     ("env.name=starcraft", "env.name must be 'moba', 'nmmo', 'go', 'gym:<id>' or 'pettingzoo:<module>', got 'starcraft'"),
-    # Neural MMO is one population: nothing plays a second team, and no reward is shared with a team.
-    ("env.name=nmmo", "env.vs_scripted_fraction must be 0 for env.name=nmmo (one population, no teams), got 0.25"),
+    # Neural MMO is populations in a world: nothing plays a second team, and no reward is shared with a team.
+    ("env.name=nmmo", "env.vs_scripted_fraction must be 0 for env.name=nmmo (populations, no two-team games), got "
+                      "0.25"),
     ("experiment=nmmo league.past_fraction=0.2", "league.past_fraction must be 0 for env.name=nmmo"),
     ("experiment=nmmo ppo.team_spirit.start=0.3", "ppo.team_spirit must be 0 for env.name=nmmo"),
     ("experiment=nmmo topology.evaluator=1", "topology.evaluator must be 0 for env.name=nmmo"),
     ("env.nmmo.border=0", "nmmo.border must be >= 1, got 0"),
+    ("experiment=nmmo env.nmmo.populations=3", "nmmo.populations must be >= 1 and divide nmmo.num_agents (32)"),
+    ("experiment=nmmo env.nmmo.populations=2", "topology.learner (1) must be >= env.nmmo.populations (2): each "
+                                               "population learns on learner ranks of its own"),
     ("env.name=pettingzoo:no_such_env_v1", "env.name=pettingzoo:no_such_env_v1: PettingZoo module 'no_such_env_v1' "
                                            "does not import: No module named 'no_such_env_v1'"),
     # PettingZoo's stub of its former MPE says where it went.

@@ -1,8 +1,7 @@
 """Training Neural MMO: per-agent episodes through the data path (an agent's episode is its lifetime, its world goes
-on), empty slots never trained on, the serial runner and a real MPI job on ``experiment=nmmo``."""
+on), empty slots never trained on, the serial runner. The MPI job (two populations, the final evaluation's
+lifetimes) is tests/test_populations.py's."""
 
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,14 +13,11 @@ from hpc_rl.algo.gae import gae
 from hpc_rl.config import EnvConfig, LeagueConfig, PipelineConfig, TrainConfig
 from hpc_rl.envs.api import AGENT_DONE, EnvSpec, StepInfo
 from hpc_rl.envs.nmmo_config import NmmoConfig
-from hpc_rl.launch import mpirun_command
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.runner import SerialRunner
 from hpc_rl.storage import open_run
 from test_algo_gae import reference_gae
-from test_pipeline import Job
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = ModelConfig(core="lstm", lstm_size=16, embed_size=16)
 WORLD = NmmoConfig(num_agents=16, map_size=24, border=2, vision=3, max_seen=4)
 
@@ -122,26 +118,3 @@ def test_segments_end_episodes_per_agent_and_never_train_on_empty_slots(tmp_path
     assert run.checkpoint_versions[-1] == 2
     lengths = run.metrics["stats/episode_length"]["value"]
     assert len(lengths) and np.isfinite(lengths).all() and (lengths > 1).all()
-
-
-@pytest.mark.mpi
-@pytest.mark.timeout(300)
-def test_mpi_job_trains_the_nmmo_preset_and_evaluates_lifetimes(tmp_path):
-    job = Job(mpirun_command(4, [str(ROOT / "jobs/train.py"), "experiment=nmmo", "run_name=nmmo",
-                                 f"runs_dir={tmp_path}", "topology.env=1", "pipeline.max_versions=2",
-                                 "pipeline.checkpoint_every=1", "pipeline.final_eval_games=2"]), tmp_path)
-    assert job.wait(280) == 0, job.output
-    run = open_run(tmp_path / "nmmo")
-    assert run.checkpoint_versions == [1, 2]
-    assert np.isfinite(run.metrics["train/policy_loss"]["value"]).all()
-    final = json.loads((tmp_path / "nmmo" / "summary.json").read_text())["final_eval"]
-    assert final["worlds"] == 2
-    for player in ("policy", "random"):  # the first 32 agents of each of the two worlds
-        assert final[f"{player}_agents"] == 64 and final[f"{player}_mean_lifetime"] > 1
-        low, high = final[f"{player}_ci95"]
-        assert low <= final[f"{player}_mean_lifetime"] <= high
-    assert final["lifetime_ratio"] == final["policy_mean_lifetime"] / final["random_mean_lifetime"]
-    evaluation = open_run(tmp_path / "nmmo").evaluations_frame().iloc[0]  # the analysis's table holds every figure
-    assert evaluation.policy_mean_lifetime == final["policy_mean_lifetime"]
-    assert [evaluation.random_ci95_low, evaluation.random_ci95_high] == final["random_ci95"]
-    assert "mean lifetime" in job.output

@@ -60,8 +60,10 @@ def test_shape_keys_are_the_settings_that_shape_the_saved_state_or_its_spaces():
     variants["ppo.value_norm"] = replace(base, ppo=replace(base.ppo, value_norm=not base.ppo.value_norm))
     variants["env.game_version"] = replace(base, env=replace(base.env, game_version=2))
     shaping = {key for key, config in variants.items() if _state_and_spaces(config) != reference}
-    # env.name: another environment altogether; Go's keys shape Go's learner (below)
-    assert shaping == {key for key in SHAPE_KEYS if key != "env.name" and key not in GO_SHAPE_KEYS}
+    # env.name: another environment altogether; Go's keys shape Go's learner (below); Neural MMO's populations its
+    # checkpoints' groups (tests/test_populations.py)
+    assert shaping == {key for key in SHAPE_KEYS
+                       if key not in ("env.name", "env.nmmo.populations") and key not in GO_SHAPE_KEYS}
 
 
 def test_go_shape_keys_are_the_settings_that_shape_the_go_learners_saved_state():

@@ -194,7 +194,8 @@ def test_the_lockstep_control_vector_is_summed_over_learners():
     workers = []
     for rank in range(2):
         w = LearnerWorker.__new__(LearnerWorker)  # only the state _control reads
-        w.index, w.allreduce, w.link = rank, reduce.of(rank), Link(stop=7 if rank == 0 else None)
+        w.index, w.first, w.link = rank, rank == 0, Link(stop=7 if rank == 0 else None)
+        w.allreduce = w.control_allreduce = reduce.of(rank)
         w.stop_version, w.produced, w.consumed, w.rejected = 0, 100.0 * (rank + 1), 10.0 * (rank + 1), rank
         workers.append(w)
     out = [None, None]

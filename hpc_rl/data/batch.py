@@ -145,9 +145,10 @@ class SegmentSchema:
 
     @classmethod
     def of_run(cls, config: TrainConfig, spec: EnvSpec) -> SegmentSchema:
-        """The segments of one env rank of a run (its ``env.num_envs`` copies × the spec's agents)."""
-        return cls(spec, config.env.num_envs * spec.num_agents, config.pipeline.segment_len, config.model.chunk_len,
-                   config.model.lstm_size, config.transport.fp16_observations)
+        """The segments of one env rank of a run: its ``env.num_envs`` copies × the spec's agents, or with
+        populations (``hpc_rl.populations``) those of one population, a segment each."""
+        return cls(spec, config.env.num_envs * spec.num_agents // config.populations, config.pipeline.segment_len,
+                   config.model.chunk_len, config.model.lstm_size, config.transport.fp16_observations)
 
     def __post_init__(self) -> None:
         if self.segment_len % self.chunk_len:

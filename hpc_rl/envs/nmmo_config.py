@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hpc_rl.envs.api import AGENT_DONE, EntitySpec, EnvSpec, StepInfo
+from hpc_rl.populations import slot_population
 
 # Tile materials. Grass, scrub (a forest already eaten, regrowing), forest and lava may be entered; lava kills.
 MATERIALS = ("lava", "water", "grass", "scrub", "forest", "stone")
@@ -67,6 +68,9 @@ class NmmoConfig:
     freeze_ticks: int = 3  # a mage hit holds its target in place this long
     xp_scale: float = 1.0  # experience gained per use, scaled (the paper: the progression time scale is configurable)
     reward_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_REWARD_WEIGHTS))  # per event
+    # Populations of agents with unshared policies (the paper trains 8): slot a belongs to population a mod K
+    # (``hpc_rl.populations``); every agent spawning into it joins that population. 1: one policy plays every agent.
+    populations: int = 1
 
     def __post_init__(self) -> None:
         if self.num_agents < 1:
@@ -91,6 +95,9 @@ class NmmoConfig:
             raise ValueError(f"nmmo.forest_regrow must be in [0, 1], got {self.forest_regrow}")
         if self.xp_scale < 0:
             raise ValueError(f"nmmo.xp_scale must be >= 0, got {self.xp_scale}")
+        if not 1 <= self.populations <= self.num_agents or self.num_agents % self.populations:
+            raise ValueError(f"nmmo.populations must be >= 1 and divide nmmo.num_agents ({self.num_agents}), so that "
+                             f"every population has as many slots, got {self.populations}")
         if set(self.reward_weights) != set(REWARD_EVENTS):
             raise ValueError(f"nmmo.reward_weights keys {sorted(self.reward_weights)} differ from "
                              f"{sorted(REWARD_EVENTS)}")
@@ -111,7 +118,7 @@ class NmmoConfig:
     def spec(self) -> EnvSpec:
         return EnvSpec(
             num_agents=self.num_agents,
-            agent_team=(0,) * self.num_agents,  # one population
+            agent_team=slot_population(self.num_agents, self.populations),  # each slot's population
             global_features=self.global_features,
             num_actions=len(STYLES),
             num_moves=len(MOVES),

@@ -1,12 +1,13 @@
 """Replays of ``nmmo``: one world seen from above as an animated GIF, agents coloured by population.
 
-    python -m hpc_rl.envs.nmmo_render --out replay/nmmo.gif [--agents 128] [--steps 300] [--every 2] [--seed 0]
+    python -m hpc_rl.envs.nmmo_render --out replay/nmmo.gif [--agents 128] [--steps 300] [--every 2] [--seed 0] \
+        [--populations 1]
 
 The forager bot (``hpc_rl.envs.nmmo_bots``, attacking on ``--aggression`` of its ticks: 2% by default, as in the
-benchmark) plays every agent of one copy from its first tick. Tiles are drawn in
-their material's colour (lava, water, grass, eaten forest, forest, stone), each agent as a disc in its population's
-colour (``spec.agent_team``: one population for now) with a white ring while frozen; the caption counts the tick and
-the living agents. Frames share ``hpc_rl.envs.render.save_gif``'s palette.
+benchmark) plays every agent of one copy from its first tick. Tiles are drawn in their material's colour (lava,
+water, grass, eaten forest, forest, stone), each agent as a disc in its population's colour (``spec.agent_team``:
+slot a is in population a mod ``--populations``) with a white ring while frozen; the caption counts the tick and the
+living agents and, with populations, shows each one's colour. Frames share ``hpc_rl.envs.render.save_gif``'s palette.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from PIL import Image, ImageDraw
 from hpc_rl.envs.nmmo import GTICK, IFREEZE, IX, IY, NmmoEnv
 from hpc_rl.envs.nmmo_bots import Forager
 from hpc_rl.envs.nmmo_config import MATERIALS, NmmoConfig
-from hpc_rl.envs.render import caption, save_gif
+from hpc_rl.envs.render import CAPTION_HEIGHT, caption, save_gif
 
 MATERIAL_COLOURS = {"lava": (200, 70, 25), "water": (45, 95, 200), "grass": (120, 175, 80), "scrub": (165, 160, 95),
                     "forest": (30, 105, 45), "stone": (125, 125, 125)}
@@ -44,6 +45,19 @@ def draw_world(env: NmmoEnv, copy: int = 0, tile_pixels: int = 6) -> Image.Image
     return image
 
 
+def legend(image: Image.Image, populations: int, side: int = 5) -> Image.Image:
+    """With populations, a swatch of each one's colour in the caption's top right corner, in population order. The
+    GIF's palette is taken from the first frame, where few agents have spawned yet: the swatches keep every
+    population's colour in it."""
+    if populations > 1:
+        draw = ImageDraw.Draw(image)
+        for k in range(populations):
+            x = image.width - (populations - k) * (side + 1) - 1
+            y = image.height - CAPTION_HEIGHT + 3
+            draw.rectangle((x, y, x + side - 1, y + side - 1), fill=POPULATION_COLOURS[k % len(POPULATION_COLOURS)])
+    return image
+
+
 def render_world(out: Path, config: NmmoConfig, steps: int, every: int, seed: int = 0, tile_pixels: int = 6,
                  aggression: float = 0.02) -> tuple[Path, int]:
     """Play ``steps`` ticks of one world with the forager and write every ``every``-th as a GIF frame: the GIF's path
@@ -57,9 +71,9 @@ def render_world(out: Path, config: NmmoConfig, steps: int, every: int, seed: in
 
     def frame() -> None:
         alive = int(env.alive.sum())
-        frames.append(caption(draw_world(env, 0, tile_pixels),
-                              [f"nmmo, seed {seed}: tick {env.gi[0, GTICK]}",
-                               f"{alive} of {config.num_agents} agents alive"]))
+        frames.append(legend(caption(draw_world(env, 0, tile_pixels),
+                                     [f"nmmo, seed {seed}: tick {env.gi[0, GTICK]}",
+                                      f"{alive} of {config.num_agents} agents alive"]), config.populations))
 
     frame()
     for t in range(1, steps + 1):
@@ -80,10 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tile-pixels", type=int, default=6)
     parser.add_argument("--aggression", type=float, default=0.02, help="the forager's chance to attack per tick")
+    parser.add_argument("--populations", type=int, default=1, help="populations the agents are coloured by")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        config = NmmoConfig(num_agents=args.agents, map_size=args.map_size)
+        config = NmmoConfig(num_agents=args.agents, map_size=args.map_size, populations=args.populations)
         path, frames = render_world(args.out, config, args.steps, args.every, args.seed, args.tile_pixels,
                                      args.aggression)
     except ValueError as err:

@@ -17,6 +17,7 @@ from hpc_rl.data.batch import SegmentSchema
 from hpc_rl.envs.api import EnvSpec
 from hpc_rl.launch import STOP_SIGNALS, take_held_stop_signals
 from hpc_rl.model.policy import Policy
+from hpc_rl.populations import population_learners
 from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.protocol import decode_parameters, parameter_bytes, reply_layout, request_layout
 from hpc_rl.storage.layout import RunLayout
@@ -31,14 +32,15 @@ class Channels:
     """A rank's ends of a run's channels."""
 
     rings: list[ExperienceRing]  # every learner's experience ring, in learner order
-    params: ParameterChannel  # learner 0 publishes
+    params: list[ParameterChannel]  # one per population (hpc_rl.populations), published by its first learner
     steps: StepExchange  # every env rank with the inference rank serving it
 
     def close(self) -> list:
         """Collectively, in the same order on every rank (rings first). Returns the segments this rank's ring took
         while closing: they arrived after the stop and are not trained on."""
         extra = [segment for ring in self.rings for segment in ring.close()]
-        self.params.close()
+        for params in self.params:
+            params.close()
         self.steps.close()
         return extra
 
@@ -64,7 +66,8 @@ def open_channels(transport: Transport, config: TrainConfig, spec: EnvSpec | Non
         step_bytes = (request_layout(spec, n, fp16).nbytes, reply_layout(spec, n).nbytes)
     ring = RingConfig(slots=config.pipeline.ring_slots, slot_bytes=slot_bytes, full_policy=config.pipeline.full_policy)
     rings = [transport.experience_ring(owner=r, ring=ring) for r in learners]
-    params = transport.parameter_channel(publisher=learners[0], max_bytes=param_bytes)
+    params = [transport.parameter_channel(publisher=learners[group[0]], max_bytes=param_bytes)
+              for group in population_learners(len(learners), config.populations)]
     clients = {e: topology.inference_for_env(i) for i, e in enumerate(env_ranks)}
     steps = transport.step_exchange(clients, *step_bytes)
     return Channels(rings, params, steps)

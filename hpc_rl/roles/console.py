@@ -92,7 +92,10 @@ def final_eval_line(final: Mapping | None) -> str:
                 f"{final['bot']} (both sides, draws lose), {final['seconds']:.0f} s")
     if "lifetime_ratio" in final:
         (p_low, p_high), (r_low, r_high) = final["policy_ci95"], final["random_ci95"]
-        return (f"mean lifetime {final['policy_mean_lifetime']:.1f} [{p_low:.1f}, {p_high:.1f}] vs random "
+        populations = [final[f"population_{k}_mean_lifetime"] for k in range(len(final))
+                       if f"population_{k}_mean_lifetime" in final]
+        each = f" (populations: {', '.join(f'{m:.1f}' for m in populations)})" if populations else ""
+        return (f"mean lifetime {final['policy_mean_lifetime']:.1f} [{p_low:.1f}, {p_high:.1f}]{each} vs random "
                 f"{final['random_mean_lifetime']:.1f} [{r_low:.1f}, {r_high:.1f}] ({final['lifetime_ratio']:.2f}x) "
                 f"over the first {final['policy_agents']} agents of {final['worlds']} worlds, {final['seconds']:.0f} s")
     return (f"mean greedy return {final['mean_return']:.1f} (std {final['std_return']:.1f}) over "

@@ -36,10 +36,11 @@ import yaml
 
 from hpc_rl import metric_names as M
 from hpc_rl.config import ResumeError, TrainConfig, build_config, resumable_changes, show_setting, to_yaml
-from hpc_rl.evaluation import final_evaluation, policy_from_checkpoint
+from hpc_rl.evaluation import checkpoint_policies, final_evaluation
 from hpc_rl.launch import LAUNCHED
 from hpc_rl.league.pool import OpponentPool
 from hpc_rl.league.tournament import RatingBook, rating_line
+from hpc_rl.populations import join_sections, merge_metrics, metric_name
 from hpc_rl.roles.common import Backoff, StopFlag
 from hpc_rl.roles.console import progress_line, start_banner, summary_block, time_left, win_figure
 from hpc_rl.roles.control import ControlEndpoint
@@ -195,6 +196,7 @@ class Controller:
         self.learners_done: int | None = None
         self.accounting: dict[int, dict] = {}
         self.history: deque[np.ndarray] = deque(maxlen=M.WIN_RATE_WINDOW + 1)
+        self.population_history: deque[np.ndarray] = deque(maxlen=M.WIN_RATE_WINDOW + 1)  # the same, per population
         self.started = time.monotonic()
         self.last_line = (time.monotonic(), 0.0)
         self.pool = self._load_pool(resume_version) if config.uses_league else None
@@ -206,6 +208,10 @@ class Controller:
         self.pool_changed = False
         self.past_games = self.past_score = 0.0  # games against past versions (and the learning side's score) since
         #                                          the last published version
+        # With populations (hpc_rl.populations) every population's first learner sends its metrics and checkpoints:
+        # a version is written once every population's have arrived, as one row and one checkpoint file.
+        self.populations = config.populations
+        self.arrived: dict[str, dict[int, dict[int, dict]]] = {"metrics": {}, "checkpoint": {}}
 
     # --- the opponent pool ------------------------------------------------------------------------------
     def _load_pool(self, resume_version: int) -> OpponentPool:
@@ -265,7 +271,23 @@ class Controller:
     def _role_stats(self, role: Role) -> list[dict]:
         return [self.stats.get(r, {}) for r in self.topology.ranks(role)]
 
-    def _on_metrics(self, version: int, metrics: dict) -> None:
+    def _all_populations(self, kind: str, version: int, population: int, message: dict) -> list[dict] | None:
+        """Every population's ``kind`` message of ``version`` once the last has arrived (in population order), else
+        None; what older versions still wait for will not come (a population skipped it) and is dropped."""
+        waiting = self.arrived[kind]
+        waiting.setdefault(version, {})[population] = message
+        if len(waiting[version]) < self.populations:
+            return None
+        got = waiting.pop(version)
+        for older in [v for v in waiting if v < version]:
+            del waiting[older]
+        return [got[k] for k in range(self.populations)]
+
+    def _on_metrics(self, version: int, metrics: dict, population: int = 0) -> None:
+        per_population = self._all_populations("metrics", version, population, metrics)
+        if per_population is None:
+            return
+        metrics = merge_metrics(per_population)
         self.version = version
         ends_warmup = self.warming_up and not self.config.env.warming_up(version)
         if ends_warmup or version <= self.config.env.share_moves_until():  # the env ranks' game changes with it
@@ -318,6 +340,13 @@ class Controller:
             metrics.update(selfplay_metrics(env, seconds))
         if episodes and lengths:
             metrics[M.EPISODE_LENGTH] = lengths / episodes
+        if self.populations > 1:  # each population's agents' episodes (env ranks count them per population)
+            self.population_history.append(sum((np.asarray(s["population_counts"]) for s in env
+                                                if "population_counts" in s), np.zeros((self.populations, 3))))
+            for k, (ended, returns, lengths) in enumerate(self.population_history[-1] - self.population_history[0]):
+                if ended:
+                    metrics[metric_name(k, M.EPISODE_RETURN)] = returns / ended
+                    metrics[metric_name(k, M.EPISODE_LENGTH)] = lengths / ended
         if self.pool is not None:
             metrics[M.POOL_SIZE] = float(len(self.pool.versions))
             if self.past_games:
@@ -357,13 +386,17 @@ class Controller:
         print(line, flush=True)
         log.info(line)
 
-    def _on_checkpoint(self, version: int, sections: dict) -> None:
+    def _on_checkpoint(self, version: int, sections: dict, population: int = 0) -> None:
         if version <= self.committed:
             return
-        bad = [name for name, value in sections["params"].items() if not np.all(np.isfinite(value))]
+        per_population = self._all_populations("checkpoint", version, population, sections)
+        if per_population is None:
+            return
+        bad = [name for s in per_population for name, value in s["params"].items() if not np.all(np.isfinite(value))]
         if bad:
             log.error("refusing to commit version %d: non-finite parameters %s", version, bad[:5])
             return
+        sections = join_sections(per_population)
         # The rows logged so far reach metrics.h5 first: a crash after the commit loses none of the versions a
         # resume will not redo.
         self.metrics.flush()
@@ -558,7 +591,7 @@ class Controller:
                     "worlds' lifetimes, the policy's and the random bot's" if self.config.env.is_nmmo else
                     "greedy episodes")
             print(f"final evaluation of version {self.committed}: {games} {what}", flush=True)
-            final = final_evaluation(policy_from_checkpoint(ckpt, self.config), self.config, games)
+            final = final_evaluation(checkpoint_policies(ckpt, self.config), self.config, games)
         summary = self._summary(final, note)
         write_json_durably(self.layout.summary, summary)
         text = summary_block(summary)

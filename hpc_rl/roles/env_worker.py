@@ -85,6 +85,8 @@ class EnvWorker:
             self.reward_weights = np.asarray(config.env.reward_config().weights)
             self.agent_return = np.zeros((config.env.num_envs, self.spec.num_agents))
             self.agent_length = np.zeros((config.env.num_envs, self.spec.num_agents), np.int64)
+        # With populations (hpc_rl.populations), the same three counts per population: (games, returns, lengths).
+        self.population_counts = np.zeros((config.populations, 3)) if config.populations > 1 else None
         self.request_bytes = 0  # bytes of the step requests sent, and of the observations among them
         self.observation_bytes = 0
 
@@ -197,6 +199,8 @@ class EnvWorker:
                         "bot_wins": self.bot_wins, "returns_sum": self.returns_sum, "lengths_sum": self.lengths_sum,
                         "new_version_steps": self.new_version_steps, "new_bot_games": self.new_bot_games,
                         "new_bot_wins": self.new_bot_wins,
+                        **({} if self.population_counts is None else
+                           {"population_counts": self.population_counts.tolist()}),
                         "request_bytes": self.request_bytes, "observation_bytes": self.observation_bytes,
                         "seconds": time.monotonic() - self.started})
 
@@ -208,6 +212,12 @@ class EnvWorker:
         self.games += int(agent_done.sum())
         self.returns_sum += float(self.agent_return[agent_done].sum())
         self.lengths_sum += int(self.agent_length[agent_done].sum())
+        if self.population_counts is not None:
+            team = np.broadcast_to(np.asarray(self.spec.agent_team), agent_done.shape)[agent_done]
+            k = self.population_counts.shape[0]
+            self.population_counts += np.stack([np.bincount(team, minlength=k),
+                                                np.bincount(team, self.agent_return[agent_done], minlength=k),
+                                                np.bincount(team, self.agent_length[agent_done], minlength=k)], axis=1)
         self.agent_return[agent_done] = 0.0
         self.agent_length[agent_done] = 0
 

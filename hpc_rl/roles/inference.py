@@ -14,6 +14,11 @@ actions) and, in games against a past version drawn from the opponent pool (Open
 so do empty agent slots (``EnvSpec.occupied``). A step's ``done`` is per agent (``EnvSpec.episode_ends``): the whole
 copy's agents where the game ended, and in a world that ends episodes per agent (Neural MMO) the agents that died.
 The pool's versions and qualities come from the controller; the results of those games go back to it.
+
+With populations (``hpc_rl.populations``, Neural MMO) it holds every population's latest policy, each published by
+that population's learners: each policy acts for its population's agents of the whole batch (one forward pass per
+population), and every env rank's segments are assembled per population (its agents' rows) and shipped round-robin
+to that population's learners.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from hpc_rl.evaluation import policy_from_checkpoint
 from hpc_rl.league.pool import LATEST, OpponentPool, VersionsInPlay
 from hpc_rl.model.device import select_device, to_device
 from hpc_rl.model.policy import Policy, PolicyStep, act, hero_indices
+from hpc_rl.populations import population_learners, population_rows
 from hpc_rl.roles.common import patiently, seed_for, wait_requests
 from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.protocol import TAG_POOL, TAG_POOL_RESULT, decode_parameters, reply_layout, request_layout
@@ -52,7 +58,7 @@ class _Pending:
     obs: dict[str, np.ndarray]
     starts: np.ndarray
     fields: dict[str, np.ndarray]  # what the policy computed (``policy_step_fields``)
-    version: int
+    versions: list[int]  # the behaviour version of each population's policy
     weight: np.ndarray  # training weight of every agent's step (0 for the sides the latest policy did not play)
 
 
@@ -75,19 +81,44 @@ class PastPolicies:
         return self.loaded[version]
 
 
+def join_steps(parts: list[tuple[torch.Tensor, PolicyStep]], size: int) -> PolicyStep:
+    """One step of ``size`` agents from the steps of disjoint groups of them (``(rows, step)``: each population's
+    policy on its agents)."""
+    def joined(pick):
+        first = pick(parts[0][1])
+        out = first.new_empty((size, *first.shape[1:]))
+        for rows, step in parts:
+            out[rows] = pick(step)
+        return out
+
+    heads = parts[0][1].actions
+    return PolicyStep({head: joined(lambda s, h=head: s.actions[h]) for head in heads}, joined(lambda s: s.logp),
+                      joined(lambda s: s.entropy), joined(lambda s: s.value),
+                      (joined(lambda s: s.state[0]), joined(lambda s: s.state[1])))
+
+
 class InferenceWorker:
     def __init__(self, config: TrainConfig, spec: EnvSpec, env_ranks: list[int], exchange: StepExchange,
-                 rings: list[ExperienceRing], params: ParameterChannel, link: ControlLink, gpu_slot: int = 0):
+                 rings: list[ExperienceRing], params: list[ParameterChannel], link: ControlLink, gpu_slot: int = 0):
+        """``rings``: every learner's, in learner order; ``params``: every population's parameter channel."""
         self.config = config
         self.env_ranks = env_ranks
-        self.exchange, self.rings, self.params, self.link = exchange, rings, params, link
+        self.exchange, self.params, self.link = exchange, params, link
         self.spec = spec
         self.device = select_device(config.pipeline.inference_device, gpu_slot)
-        self.policy = Policy(self.spec, config.model).to(self.device)
-        self.policy.eval()
-        self.version = -1
+        self.populations = config.populations
+        self.policies = [Policy(self.spec, config.model).to(self.device).eval() for _ in range(self.populations)]
+        self.policy = self.policies[0]  # the policy, where there are no populations (the league plays against it)
+        self.versions = [-1] * self.populations
         n, agents = config.env.num_envs, self.spec.num_agents
         self.per_env = n * agents
+        # Each population's rows of an env rank's copies × agents (None: one population, every row), and the rings of
+        # its learners.
+        self.rows = population_rows(np.asarray(self.spec.agent_team), n) if self.populations > 1 else None
+        self.rows_t = None if self.rows is None else [torch.from_numpy(r).to(self.device) for r in self.rows]
+        self.population_rings = [[rings[i] for i in group]
+                                 for group in population_learners(len(rings), self.populations)]
+        self.batch_rows: dict[int, list[torch.Tensor]] = {}
         fp16 = config.transport.fp16_observations
         self.requests = request_layout(self.spec, n, fp16)
         self.obs_keys = tuple(self.spec.observation_shapes(1))
@@ -98,7 +129,7 @@ class InferenceWorker:
         self.schema = SegmentSchema.of_run(config, self.spec)
         self.segment_buffer = np.empty(self.schema.layout.nbytes, np.uint8)
         self.segment_observation_nbytes = self.schema.layout.wire_nbytes(self.obs_fields.values())  # per segment
-        self.buffers = {e: self.schema.buffer() for e in env_ranks}
+        self.buffers = {e: [self.schema.buffer() for _ in range(self.populations)] for e in env_ranks}
         self.state = {e: self.policy.initial_state(self.per_env, self.device) for e in env_ranks}
         self.t = {e: 0 for e in env_ranks}
         self.pending: dict[int, _Pending | None] = {e: None for e in env_ranks}
@@ -107,7 +138,7 @@ class InferenceWorker:
         self.hero_t: dict[int, torch.Tensor] = {}
         self.weight = self._weights()
         self.reward_config = config.env.reward_config()
-        self.next_ring = 0
+        self.next_ring = [0] * self.populations  # round-robin over each population's learners
         self.batches = 0
         self.batch_agents = 0
         self.infer_seconds = 0.0
@@ -143,19 +174,22 @@ class InferenceWorker:
             w[:scripted][self.spec.opponent_side(scripted)] = 0.0
         return w.reshape(-1)
 
+    @property
+    def version(self) -> int:
+        """The latest policy's version (population 0's, with populations: they advance in lockstep)."""
+        return self.versions[0]
+
     def _pull_parameters(self, wait: bool) -> None:
-        if wait:
-            got = patiently(lambda timeout: self.params.wait_version(1, timeout), self.link,
-                            self.config.transport.timeout_s)
-        else:
-            got = self.params.poll()
-        if got is None:
-            return
-        _, payload = got
-        version = decode_parameters(payload, self.policy)
+        for k, (params, policy) in enumerate(zip(self.params, self.policies)):
+            if wait:
+                got = patiently(lambda timeout, p=params: p.wait_version(1, timeout), self.link,
+                                self.config.transport.timeout_s)
+            else:
+                got = params.poll()
+            if got is not None:
+                self.versions[k] = decode_parameters(got[1], policy)
         if self.rng is None:  # seeded from (seed, rank, version) like env ranks, so a resumed run draws afresh
-            self.rng = np.random.default_rng(seed_for(self.config.seed, self.exchange.rank, version))
-        self.version = version
+            self.rng = np.random.default_rng(seed_for(self.config.seed, self.exchange.rank, self.version))
 
     def receive_pool(self) -> None:
         while (message := self.link.receive(TAG_POOL)) is not None:
@@ -250,7 +284,7 @@ class InferenceWorker:
         t0 = time.perf_counter()
         obs_t = to_device(obs, self.device)
         starts_t = torch.from_numpy(starts_np).to(self.device)
-        step = act(self.policy, obs_t, hero, starts_t, state)
+        step = self._act(obs_t, hero, starts_t, state, len(env_ranks))
         weights = {e: self.weight for e in env_ranks}
         if self.league:
             if any(self.pending[e] is None or messages[e]["done"].any() for e in env_ranks):
@@ -265,7 +299,7 @@ class InferenceWorker:
         computed = policy_step_fields(step)
         self.infer_seconds += time.perf_counter() - t0
         self.batches += 1
-        self.passes += 1
+        self.passes += self.populations
         self.batch_agents += len(env_ranks) * self.per_env
         for i, e in enumerate(env_ranks):
             part = slice(i * self.per_env, (i + 1) * self.per_env)
@@ -279,9 +313,34 @@ class InferenceWorker:
                      for head in step.actions}
             self.exchange.send_reply(e, self.replies.pack(reply, self.reply_buffer))
             self._complete(e, messages[e], ends[e], mine)
-            self.buffers[e].store_state(self.t[e], before[e])
-            self.pending[e] = _Pending(flat[e], starts[e], fields, self.version, weights[e])
+            for k, buffer in enumerate(self.buffers[e]):
+                buffer.store_state(self.t[e], self._rows_of(before[e], k))
+            self.pending[e] = _Pending(flat[e], starts[e], fields, list(self.versions), weights[e])
             self.state[e] = mine.state
+
+    def _act(self, obs: dict[str, torch.Tensor], hero: torch.Tensor, starts: torch.Tensor,
+             state: tuple[torch.Tensor, torch.Tensor], num_env_ranks: int) -> PolicyStep:
+        """The step of every agent of ``num_env_ranks`` env ranks: the policy's, or each population's policy on its
+        population's agents."""
+        if self.populations == 1:
+            return act(self.policy, obs, hero, starts, state)
+        if num_env_ranks not in self.batch_rows:  # each population's rows of the batch (made once per count)
+            self.batch_rows[num_env_ranks] = [
+                torch.from_numpy(np.concatenate([i * self.per_env + rows for i in range(num_env_ranks)]))
+                .to(self.device) for rows in self.rows]
+        parts = [(idx, act(policy, {k: v[idx] for k, v in obs.items()}, hero[idx], starts[idx],
+                           (state[0][idx], state[1][idx])))
+                 for policy, idx in zip(self.policies, self.batch_rows[num_env_ranks])]
+        return join_steps(parts, hero.shape[0])
+
+    def _rows_of(self, value, k: int):
+        """Population ``k``'s rows of one env rank's per-agent ``value`` (an array, a tensor or an LSTM state); the
+        whole of it without populations."""
+        if self.rows is None:
+            return value
+        if isinstance(value, tuple):
+            return tuple(self._rows_of(v, k) for v in value)
+        return value[self.rows_t[k]] if isinstance(value, torch.Tensor) else value[self.rows[k]]
 
     def _hero(self, num_env_ranks: int) -> torch.Tensor:
         """The hero index of every agent of ``num_env_ranks`` env ranks, on the device (made once per count)."""
@@ -299,25 +358,28 @@ class InferenceWorker:
         reward = shape_rewards(message["events"], self.spec.agent_team, self.reward_config, tau,
                                message["game_time"]).reshape(-1)
         t = self.t[e]
-        self.buffers[e].store(t, {**{name: pending.obs[k] for k, name in self.obs_fields.items()}, "hero": self.hero,
-                                  "starts": pending.starts, **pending.fields, "reward": reward,
-                                  "done": done, "weight": pending.weight, "version": pending.version,
-                                  **{k: message[k].reshape(self.per_env, *message[k].shape[2:])
-                                     for k in self.info_fields}})
+        rows = {**{name: pending.obs[k] for k, name in self.obs_fields.items()}, "hero": self.hero,
+                "starts": pending.starts, **pending.fields, "reward": reward, "done": done, "weight": pending.weight,
+                **{k: message[k].reshape(self.per_env, *message[k].shape[2:]) for k in self.info_fields}}
+        for k, buffer in enumerate(self.buffers[e]):
+            buffer.store(t, {**{name: self._rows_of(value, k) for name, value in rows.items()},
+                             "version": pending.versions[k]})
         self.t[e] = t + 1
         if self.t[e] == self.config.pipeline.segment_len:
-            self._ship(e, now.value)
+            for k in range(self.populations):
+                self._ship(e, k, self._rows_of(now.value, k))
             self.t[e] = 0
 
-    def _ship(self, e: int, bootstrap_value: torch.Tensor) -> None:
-        segment = self.buffers[e].finish(bootstrap_value)
+    def _ship(self, e: int, population: int, bootstrap_value: torch.Tensor) -> None:
+        segment = self.buffers[e][population].finish(bootstrap_value)
         self.segments_sent[e] += 1
         payload = self.schema.pack(segment, e, self.segments_sent[e], self.segment_buffer)
-        # Round-robin over learners, so every learner's buffer fills at the same rate.
-        ring = self.rings[self.next_ring]
+        # Round-robin over the population's learners, so every learner's buffer fills at the same rate.
+        rings, turn = self.population_rings[population], self.next_ring[population]
+        ring = rings[turn]
         patiently(lambda timeout: ring.put(payload, timeout), self.link, self.config.transport.timeout_s)
         self.produced_ids.append((self.exchange.rank, e, self.segments_sent[e]))
-        self.next_ring = (self.next_ring + 1) % len(self.rings)
+        self.next_ring[population] = (turn + 1) % len(rings)
         self.segments += 1
         self.samples += int(segment["weight"].sum())
         self.segment_bytes += payload.nbytes

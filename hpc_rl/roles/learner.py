@@ -9,6 +9,11 @@ alone and no allreduce waits on a learner that left. Data quality is measured on
 (learner version minus behaviour version) and sample reuse (samples consumed by gradient steps / produced). The
 staleness queue holds a segment back ``staleness_queue`` versions after it arrives; ``target_reuse`` throttles
 updates so that consumed / produced stays at or below it.
+
+With populations (``hpc_rl.populations``) each population's learners sum their gradients on a communicator of their
+own (its Horovod instance), and its first learner publishes its parameters and sends its metrics and checkpoints;
+the control vector is still summed over every learner, so all populations update, stop and end together, one
+version at a time.
 """
 
 from __future__ import annotations
@@ -136,9 +141,15 @@ class LockstepLearner:
     ``checkpoint_sections()``) and defines ``step``, ``publish`` and ``_stats``; it counts what it received
     (``produced``), trained on (``consumed``) and rejected, in its own units (samples, positions)."""
 
-    def __init__(self, config: TrainConfig, allreduce: Allreduce, link: ControlLink):
+    def __init__(self, config: TrainConfig, allreduce: Allreduce, link: ControlLink, control: Allreduce | None = None,
+                 population: int = 0):
+        """``allreduce``: over the learners that train this one's parameters (its population's); ``control``: over
+        every learner, for the control vector (None: ``allreduce``, there being no populations)."""
         self.config, self.allreduce, self.link = config, allreduce, link
-        self.index = allreduce.rank
+        self.control_allreduce = allreduce if control is None else control
+        self.population = population
+        self.index = allreduce.rank  # 0: the learner that publishes, reports and checkpoints its parameters
+        self.first = self.control_allreduce.rank == 0  # learner 0 of all: hears the stop, reports the end
         self.produced = 0.0
         self.consumed = 0.0
         self.rejected = 0
@@ -177,20 +188,20 @@ class LockstepLearner:
         return self.learner.version
 
     def _control(self, ready: bool, batch: float) -> dict[str, float]:
-        """The control vector (``CONTROL``) summed over learners; learner 0 contributes the stop version the
+        """The control vector (``CONTROL``) summed over every learner; learner 0 contributes the stop version the
         controller asked for. ``batch``: what the next update would consume, in the units of ``consumed``."""
-        stop = self.link.receive(TAG_STOP) if self.index == 0 else None
+        stop = self.link.receive(TAG_STOP) if self.first else None
         if stop is not None:
             self.stop_version = int(stop)
         local = {"not_ready": 0.0 if ready else 1.0, "stop_version": float(self.stop_version),
                  "produced": self.produced, "consumed": self.consumed, "next_batch": batch,
                  "rejected": float(self.rejected)}
-        summed = self.allreduce.sum(torch.tensor([local[k] for k in CONTROL], dtype=torch.float64)).numpy()
+        summed = self.control_allreduce.sum(torch.tensor([local[k] for k in CONTROL], dtype=torch.float64)).numpy()
         return dict(zip(CONTROL, summed.tolist()))
 
     def _finish(self) -> None:
         self.done = True
-        if self.index == 0:
+        if self.first:
             self.link.send(self.learner.version, TAG_DONE)
         self.link.beat(self._stats(), force=True)
 
@@ -215,24 +226,29 @@ class LockstepLearner:
         raise FloatingPointError(f"{self.halted}; the controller did not end the job")
 
     def final_checkpoint(self) -> None:
-        """Learner 0 ships the last version's state (the controller commits it unless already committed)."""
+        """Learner 0 (of each population) ships the last version's state (the controller commits it unless already
+        committed)."""
         if self.index == 0:
-            self.link.send((self.learner.version, self.learner.checkpoint_sections()), TAG_CHECKPOINT)
+            self.link.send((self.learner.version, self.learner.checkpoint_sections(), self.population), TAG_CHECKPOINT)
 
 
 class LearnerWorker(LockstepLearner):
     def __init__(self, config: TrainConfig, spec: EnvSpec, allreduce: Allreduce, ring: ExperienceRing,
-                 params: ParameterChannel, link: ControlLink, resume: tuple[int, dict] | None, gpu_slot: int = 0):
+                 params: ParameterChannel, link: ControlLink, resume: tuple[int, dict] | None, gpu_slot: int = 0,
+                 control: Allreduce | None = None, population: int = 0):
         """``allreduce`` sums over the learners (``make_allreduce`` on their communicator; ``SingleAllreduce`` for
-        the one learner of a run in one process); ``gpu_slot`` picks the GPU (``select_device``)."""
-        super().__init__(config, allreduce, link)
+        the one learner of a run in one process), with populations over the population's and ``control`` over
+        every learner; ``params``: the population's parameter channel; ``resume``: (version, the population's
+        checkpoint sections); ``gpu_slot`` picks the GPU (``select_device``)."""
+        super().__init__(config, allreduce, link, control, population)
         self.ring, self.params = ring, params
         self.spec = spec
         self.device = select_device(config.pipeline.learner_device, gpu_slot)
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.seed + population)  # each population starts from parameters of its own
         self.policy = Policy(self.spec, config.model).to(self.device)
         self.learner = Learner(self.policy, config.ppo, allreduce_sum=self.allreduce.sum,
-                               world_size=self.allreduce.size, device=self.device, seed=config.seed + self.index)
+                               world_size=self.allreduce.size, device=self.device,
+                               seed=config.seed + self.control_allreduce.rank)
         if resume is not None:
             self.load(resume[1])
         # Learners start from learner 0's parameters (constant buffers such as the action-gating masks agree already).
@@ -349,11 +365,11 @@ class LearnerWorker(LockstepLearner):
             })
             for b in range(M.STALENESS_BINS):
                 metrics[M.staleness_bin(b)] = float(global_stale[b])
-            self.link.send((version, metrics), TAG_METRICS)
+            self.link.send((version, metrics, self.population), TAG_METRICS)
             # A version whose update was skipped is not checkpointed: if the streak ends in a halt, the run resumes
             # from the last version that trained.
             if version % self.config.pipeline.checkpoint_every == 0 and not self.nonfinite_streak:
-                self.link.send((version, self.sections()), TAG_CHECKPOINT)
+                self.link.send((version, self.sections(), self.population), TAG_CHECKPOINT)
         if self.nonfinite_streak >= self.config.pipeline.max_nonfinite:
             self._halt(version)
 

@@ -24,7 +24,8 @@ from mpi4py import MPI
 from hpc_rl.config import ResumeError, TrainConfig
 from hpc_rl.failures import EXIT_REFUSED
 from hpc_rl.launch import set_torch_threads
-from hpc_rl.roles.allreduce import make_allreduce
+from hpc_rl.populations import learner_population, population_sections
+from hpc_rl.roles.allreduce import MpiAllreduce, make_allreduce
 from hpc_rl.roles.common import Backoff, StopFlag, open_channels, setup_logging
 from hpc_rl.roles.control import ControlLink, MpiControl
 from hpc_rl.roles.env_worker import EnvWorker
@@ -119,9 +120,12 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     address, token = comm.bcast((lifelines.address, lifelines.token) if lifelines else None, root=CONTROLLER)
     lifeline = hold_lifeline(address, token, rank) if rank != CONTROLLER else None
     learner_ranks = topology.ranks(Role.LEARNER)
+    populations = config.populations
+    population = learner_population(placement.index, populations) if placement.role is Role.LEARNER else None
     if rank == CONTROLLER and resume is not None:
-        for r in learner_ranks:
-            control.send(resume.sections, dest=r, tag=TAG_RESUME)
+        for i, r in enumerate(learner_ranks):  # each learner its population's state
+            control.send(population_sections(resume.sections, learner_population(i, populations), populations),
+                         dest=r, tag=TAG_RESUME)
     learner_state = (control.recv(source=CONTROLLER, tag=TAG_RESUME) if resume_version >= 0 and rank in learner_ranks
                      else None)
 
@@ -130,6 +134,10 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     spec = None if go else config.env.make(num_envs=1).spec
     channels = open_channels(transport, config, spec, topology)
     learner_comm = comm.Split(color=1 if placement.role is Role.LEARNER else MPI.UNDEFINED, key=rank)
+    # With populations each one's learners sum their gradients on a communicator of their own (its Horovod
+    # instance); the control vector stays on every learner's.
+    population_comm = (learner_comm.Split(color=population, key=rank) if population is not None and populations > 1
+                       else None)
     endpoint = MpiControl(control)
     link = ControlLink(endpoint, config.pipeline.heartbeat_s)
     log.info("rank %d: pid %d, %s, transport %s, resume version %d", rank, os.getpid(), placement.role.value,
@@ -153,8 +161,8 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
     elif placement.role is Role.INFERENCE and go:
         from hpc_rl.roles.go import GoInferenceWorker
 
-        GoInferenceWorker(config, topology.envs_for_inference(placement.index), channels.steps, channels.params, link,
-                          slots[rank]).run()
+        GoInferenceWorker(config, topology.envs_for_inference(placement.index), channels.steps, channels.params[0],
+                          link, slots[rank]).run()
     elif placement.role is Role.INFERENCE:
         from hpc_rl.roles.inference import InferenceWorker
 
@@ -163,17 +171,22 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
         inference.run()
     elif placement.role is Role.LEARNER:
         resumed = (resume_version, learner_state) if learner_state is not None else None
-        allreduce = make_allreduce(config.pipeline.allreduce, learner_comm)
+        if population_comm is None:
+            allreduce, control_allreduce = make_allreduce(config.pipeline.allreduce, learner_comm), None
+        else:
+            allreduce = make_allreduce(config.pipeline.allreduce, population_comm)
+            control_allreduce = MpiAllreduce(learner_comm)  # a few numbers per update, beside the population's
         if go:
             from hpc_rl.roles.go import GoLearnerWorker
 
-            learner = GoLearnerWorker(config, allreduce, channels.rings[placement.index], channels.params, link,
+            learner = GoLearnerWorker(config, allreduce, channels.rings[placement.index], channels.params[0], link,
                                       resumed, slots[rank])
         else:
             from hpc_rl.roles.learner import LearnerWorker
 
-            learner = LearnerWorker(config, spec, allreduce, channels.rings[placement.index], channels.params, link,
-                                    resumed, slots[rank])
+            learner = LearnerWorker(config, spec, allreduce, channels.rings[placement.index],
+                                    channels.params[population], link, resumed, slots[rank], control_allreduce,
+                                    population)
         learner.run()
         learner.final_checkpoint()
     elif placement.role is Role.EVALUATOR:
@@ -218,6 +231,8 @@ def _run(config: TrainConfig, comm: MPI.Comm, overrides: tuple[str, ...]) -> int
         log.info("%d segments arrived after the stop and were not trained on", len(extra))
     if learner is not None:
         learner.allreduce.shutdown()
+    if population_comm is not None:
+        population_comm.Free()
     if learner_comm != MPI.COMM_NULL:
         learner_comm.Free()
     control.Free()
