@@ -5,7 +5,7 @@
 Each run's latest good checkpoint plays every agent of ``--games`` worlds of the run's settings, as the final
 evaluation does (``hpc_rl.evaluation.nmmo_rollout``: until the first ``num_agents`` agents of each world have died),
 and so does the random bot in the same worlds. Writes behaviour.md: per run and player the mean lifetime and the
-distinct tiles per lifetime (95% intervals), the map coverage, and the niche measures of the tile visits and attack
+distinct tiles per lifetime (95% intervals), the ticks the rollout lasted and the map coverage over them, and the niche measures of the tile visits and attack
 styles: the mean Jensen-Shannon divergence (bits) between populations and the split-half baseline (one population:
 the baseline only); and visits.png: where the agents of the first world stood (log colour scale; grey: water, stone
 and lava).
@@ -53,14 +53,14 @@ def body(args: argparse.Namespace, out: Output) -> None:
             mean, low, high = mean_ci95(rollout.lifetimes)
             rows.append([Path(path).name, player, interval(mean, [low, high]),
                          interval(explored["tiles_per_life"], explored["tiles_per_life_ci95"]),
-                         fmt(explored["coverage"], 2),
+                         str(rollout.ticks), fmt(explored["coverage"], 2),
                          fmt(niches["tiles"]["between"]), fmt(niches["tiles"]["split_half"]),
                          fmt(niches["styles"]["between"]), fmt(niches["styles"]["split_half"])])
             size = config.env.nmmo.map_size
             first = rollout.visit_cell[rollout.visit_cell < size * size]
             maps.append((f"{Path(path).name}: {player}", np.bincount(first, minlength=size * size).reshape(size, size),
                          rollout.passable[:size * size].reshape(size, size)))
-    header = ["run", "player", "lifetime [95%]", "distinct tiles per lifetime [95%]", "coverage",
+    header = ["run", "player", "lifetime [95%]", "distinct tiles per lifetime [95%]", "ticks", "coverage",
               "tiles: JS between populations", "tiles: split-half JS", "styles: JS between populations",
               "styles: split-half JS"]
     out.table("behaviour.md", f"Neural MMO behaviour, {args.games} worlds per player, seed {seed}",
