@@ -4,7 +4,8 @@
     evaluate_return(policy, config.env.make(num_envs=20), seed=0)   # Gymnasium: returns of greedy play
     play_vs_bot(policy, config, "scripted", games=400, seed=0)   # MOBA: wins, draws, losses against a reference bot
     play_match(policy, older_policy, config, games=64, seed=0)  # MOBA: two policies (or a policy and a bot), any pair
-    nmmo_lifetimes(policy, config, copies=4, seed=0)   # Neural MMO: the lifetime of the first agent of every slot
+    nmmo_rollout(policy, config, copies=4, seed=0)   # Neural MMO: the first agent of every slot: lifetimes, visits
+    nmmo_exploration(rollout), nmmo_niches(rollout, seed=0)   # Neural MMO: what the agents did (docs/nmmo.md)
     final_evaluation(policy, config, games=100)    # the end-of-run evaluation of summary.json (jobs/evaluate.py)
 """
 
@@ -150,24 +151,53 @@ def play_vs_bot(policy: Policy, config: TrainConfig, bot: str, games: int, seed:
     return {**result, "bot": bot, "bot_hash": scripted_bot_hash() if bot == "scripted" else None}
 
 
-def nmmo_lifetimes(player: Policy | list[Policy] | str, config: TrainConfig, copies: int, seed: int,
-                   max_ticks: int = NMMO_EVAL_TICKS) -> tuple[np.ndarray, int, np.ndarray]:
+AGENT_STRIDE = 1 << 32  # agent numbers of ``NmmoRollout``: spawn indices of different worlds never meet
+
+
+@dataclasses.dataclass
+class NmmoRollout:
+    """What ``nmmo_rollout`` saw. Agents are numbered ``world · AGENT_STRIDE + spawn index`` (the cohort: spawn index
+    below ``num_agents``), cells ``world · map_size² + row · map_size + column``; a visit is a living agent on its
+    tile after a reset or a tick, an attack a style other than ``none`` that the action mask allowed."""
+
+    lifetimes: np.ndarray  # (cohort,) float64 ticks
+    population: np.ndarray  # (cohort,) int64: each cohort agent's population (its slot's)
+    alive_at_end: int  # cohort agents still alive at the end (their lifetimes are lower bounds)
+    ticks: int
+    visit_agent: np.ndarray  # (V,) int64
+    visit_population: np.ndarray  # (V,) int64: the slot's population (EnvSpec.agent_team)
+    visit_cell: np.ndarray  # (V,) int64
+    attack_agent: np.ndarray  # (K,) int64
+    attack_population: np.ndarray  # (K,) int64
+    attack_style: np.ndarray  # (K,) int64: 1 melee, 2 range, 3 mage
+    passable: np.ndarray  # (worlds · map_size²,) bool: grass or forest when the worlds were made
+    num_agents: int  # the cohort per world
+
+    def in_cohort(self, agent: np.ndarray) -> np.ndarray:
+        return agent % AGENT_STRIDE < self.num_agents
+
+
+def nmmo_rollout(player: Policy | list[Policy] | str, config: TrainConfig, copies: int, seed: int,
+                 max_ticks: int = NMMO_EVAL_TICKS) -> NmmoRollout:
     """Neural MMO: ``player`` (a policy, or one per population, sampling as in training, or "random", uniform over
-    the legal actions) plays every agent of ``copies`` worlds of the run's settings from ``seed``, until the first
-    ``num_agents`` agents to spawn in each world have died, or ``max_ticks`` ticks. Returns their lifetimes (ticks),
-    how many of them were still alive at the end (they count the ticks they had lived: a lower bound), and the
-    population of each (its slot's). A cohort of the first spawns has the same size for every player, unlike the
-    deaths within a window of ticks, which favour short lives."""
+    the legal actions) plays
+    every agent of ``copies`` worlds of the run's settings from ``seed``, until the first ``num_agents`` agents to
+    spawn in each world have died, or ``max_ticks`` ticks. Returns their lifetimes (ticks), how many of them were
+    still alive at the end (they count the ticks they had lived: a lower bound), and every agent's visits and attacks
+    (``NmmoRollout``). A cohort of the first spawns has the same size for every player, unlike the deaths within a
+    window of ticks, which favour short lives."""
+    from hpc_rl.envs.nmmo_config import FOREST, GRASS
     from hpc_rl.envs.scripted import RandomBot
 
     if not config.env.is_nmmo:
-        raise ValueError("nmmo_lifetimes needs a Neural MMO run (env.name=nmmo)")
+        raise ValueError("nmmo_rollout needs a Neural MMO run (env.name=nmmo)")
     if isinstance(player, str) and player != "random":
         raise ValueError(f"unknown player {player!r}: a policy or 'random'")
     env = config.env.make(num_envs=copies)
     spec = env.spec
-    n = spec.num_agents
-    team = np.broadcast_to(np.asarray(spec.agent_team), (copies, n))
+    n, size = spec.num_agents, config.env.nmmo.map_size
+    team = np.broadcast_to(np.asarray(spec.agent_team, np.int64), (copies, n))
+    world = np.broadcast_to(np.arange(copies)[:, None], (copies, n))
     policies = [player] if isinstance(player, Policy) else player
     if not isinstance(player, str) and len(policies) != config.populations:
         raise ValueError(f"{len(policies)} policies for the run's {config.populations} populations")
@@ -175,6 +205,7 @@ def nmmo_lifetimes(player: Policy | list[Policy] | str, config: TrainConfig, cop
         PopulationActors([PolicyActor(p, team == k) for k, p in enumerate(policies)])
     torch.manual_seed(seed)
     obs = env.reset(seed)
+    passable = np.isin(env.tiles, (GRASS, FOREST)).ravel()  # no forest is eaten (scrub) yet
     occupied = spec.occupied(obs["global"])
     who = np.where(occupied, 0, -1)  # the spawn index of every slot's agent (-1: empty); reset spawns one agent
     population = np.zeros((copies, n), dtype=np.int64)  # of each world's first n agents: their slot's
@@ -183,9 +214,21 @@ def nmmo_lifetimes(player: Policy | list[Policy] | str, config: TrainConfig, cop
     spawn_tick = np.zeros((copies, n), dtype=np.int64)  # per world, of its first n agents
     lifetime = np.zeros((copies, n), dtype=np.int64)
     died = np.zeros((copies, n), dtype=bool)
+    visits, attacks = [], []
+
+    def visit() -> None:
+        yx = env.positions[occupied]
+        visits.append((world[occupied] * AGENT_STRIDE + who[occupied], team[occupied],
+                       world[occupied] * size * size + yx[:, 0] * size + yx[:, 1]))
+
+    visit()
     tick = 0
     while not ((spawns >= n).all() and died.all()) and tick < max_ticks:
-        obs, _, dones, infos = env.step(actor.act(obs))
+        actions = actor.act(obs)
+        style = actions["action"]
+        attacked = occupied & (style > 0) & np.take_along_axis(obs["action_mask"], style[..., None], -1)[..., 0]
+        attacks.append((world[attacked] * AGENT_STRIDE + who[attacked], team[attacked], style[attacked]))
+        obs, _, dones, infos = env.step(actions)
         tick += 1
         now = spec.occupied(obs["global"])
         for e, a in zip(*np.nonzero(infos["agent_done"])):
@@ -199,12 +242,40 @@ def nmmo_lifetimes(player: Policy | list[Policy] | str, config: TrainConfig, cop
                 population[e, spawns[e]] = team[e, a]
             spawns[e] += 1
         occupied = now
+        visit()
         if isinstance(actor, PopulationActors):  # as inference ranks: a fresh state after a death and in an empty slot
             actor.reset_agents(spec.episode_ends(dones, infos["agent_done"]) | ~occupied)
     cohort = np.arange(n)[None, :] < spawns[:, None]
     alive = cohort & ~died
     lifetime[alive] = tick - spawn_tick[alive]
-    return lifetime[cohort].astype(np.float64), int(alive.sum()), population[cohort]
+    v = [np.concatenate(column).astype(np.int64) for column in zip(*visits)]
+    k = [np.concatenate(column).astype(np.int64) for column in zip(*attacks)]
+    return NmmoRollout(lifetime[cohort].astype(np.float64), population[cohort], int(alive.sum()), tick, *v, *k,
+                       passable, n)
+
+
+def nmmo_exploration(rollout: NmmoRollout) -> dict:
+    """``tiles_per_life``: the cohort's distinct tiles per lifetime (the mean, and ``tiles_per_life_ci95``), and
+    ``coverage``: the share of the passable tiles that some agent of the rollout stood on (docs/nmmo.md,
+    "Behaviour")."""
+    from hpc_rl.envs.nmmo_measures import coverage, distinct_tiles
+
+    agents, tiles = distinct_tiles(rollout.visit_agent, rollout.visit_cell)
+    mean, low, high = mean_ci95(tiles[rollout.in_cohort(agents)].astype(np.float64))
+    return {"tiles_per_life": mean, "tiles_per_life_ci95": [low, high],
+            "coverage": coverage(rollout.visit_cell, rollout.passable)}
+
+
+def nmmo_niches(rollout: NmmoRollout, seed: int) -> dict:
+    """The niche measures (``hpc_rl.envs.nmmo_measures.niche_measures``) of the rollout's tile visits (``tiles``)
+    and attack styles (``styles``): ``between`` populations (None with one) and the ``split_half`` baseline."""
+    from hpc_rl.envs.nmmo_config import STYLES
+    from hpc_rl.envs.nmmo_measures import niche_measures
+
+    return {"tiles": niche_measures(rollout.visit_population, rollout.visit_agent, rollout.visit_cell,
+                                    rollout.passable.size, seed),
+            "styles": niche_measures(rollout.attack_population, rollout.attack_agent, rollout.attack_style,
+                                     len(STYLES), seed)}
 
 
 def mean_ci95(values: np.ndarray) -> tuple[float, float, float]:
@@ -222,9 +293,11 @@ def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: 
     training; draws (time limit) count as losses in ``win_rate`` and its 95% Wilson interval ``ci95``. Gymnasium and
     PettingZoo: the greedy return of one episode in each of ``games`` env copies (``mean_return``, ``std_return``;
     PettingZoo: per agent, the mean of the agents' returns in each episode). Neural MMO: the mean lifetime of the
-    first agents of ``games`` worlds' slots (``nmmo_lifetimes``) played by the policy and, in the same worlds, by
-    the random bot, each with its 95% interval, and their ratio; with populations (``policy``: one per population)
-    also each population's agents' (``population_<k>_mean_lifetime``, ``_ci95``, ``_agents``)."""
+    first agents of ``games`` worlds' slots (``nmmo_rollout``) played by the policy and, in the same worlds, by
+    the random bot, each with its 95% interval, and their ratio; for each player its exploration
+    (``nmmo_exploration``: distinct tiles per lifetime with their interval, and map coverage); with populations
+    (``policy``: one per population) also each population's agents' (``population_<k>_mean_lifetime``, ``_ci95``,
+    ``_agents``)."""
     if games < 2 or games % 2:
         raise ValueError(f"the final evaluation needs an even number of games >= 2 (half on each side), got {games}")
     started = time.monotonic()
@@ -235,14 +308,15 @@ def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: 
     if config.env.is_nmmo:
         result = {"worlds": games}
         for name, player in (("policy", policies), ("random", "random")):
-            lifetimes, censored, population = nmmo_lifetimes(player, config, games, seed)
-            mean, low, high = mean_ci95(lifetimes)
-            result.update({f"{name}_agents": int(lifetimes.size), f"{name}_mean_lifetime": mean,
-                           f"{name}_ci95": [low, high], f"{name}_alive_at_end": censored})
+            rollout = nmmo_rollout(player, config, games, seed)
+            mean, low, high = mean_ci95(rollout.lifetimes)
+            result.update({f"{name}_agents": int(rollout.lifetimes.size), f"{name}_mean_lifetime": mean,
+                           f"{name}_ci95": [low, high], f"{name}_alive_at_end": rollout.alive_at_end})
+            result.update({f"{name}_{key}": value for key, value in nmmo_exploration(rollout).items()})
             if name == "policy" and config.populations > 1:
                 for k in range(config.populations):
-                    mean, low, high = mean_ci95(lifetimes[population == k])
-                    result.update({f"population_{k}_agents": int((population == k).sum()),
+                    mean, low, high = mean_ci95(rollout.lifetimes[rollout.population == k])
+                    result.update({f"population_{k}_agents": int((rollout.population == k).sum()),
                                    f"population_{k}_mean_lifetime": mean, f"population_{k}_ci95": [low, high]})
         result["lifetime_ratio"] = result["policy_mean_lifetime"] / result["random_mean_lifetime"]
     elif config.env.is_moba:

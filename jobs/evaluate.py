@@ -5,7 +5,8 @@
 
 MOBA: games against the frozen scripted bot, half on each side, draws counted as losses, with the 95% Wilson
 interval; Gymnasium: the greedy return of one episode per game; Neural MMO: the mean lifetime of the first agents of
-``--games`` worlds, the policy's against the random bot's (docs/nmmo.md). Prints one line and, last, the result as JSON.
+``--games`` worlds, the policy's against the random bot's, and each one's exploration (distinct tiles per lifetime,
+map coverage; docs/nmmo.md). Prints one line (Neural MMO: two) and, last, the result as JSON.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def main(argv: list[str]) -> int:
     except ValueError as err:
         parser.error(str(err))
     print(f"version {version}: {final_eval_line(result)}")
+    if config.env.is_nmmo:
+        print("exploration: " + "; ".join(
+            f"{player} {result[f'{player}_tiles_per_life']:.1f} distinct tiles per lifetime "
+            f"[{result[f'{player}_tiles_per_life_ci95'][0]:.1f}, {result[f'{player}_tiles_per_life_ci95'][1]:.1f}], "
+            f"coverage {result[f'{player}_coverage']:.2f}" for player in ("policy", "random")))
     print(json.dumps({"version": version, **result}))
     return 0
 

@@ -224,4 +224,4 @@ def test_env_ranks_can_step_the_neural_mmo_world():
     assert env.num_envs == 2 and env.first_copy == 4 and env.spec.num_agents == 8
     env.spec.check_obs(env.reset(0), 2)
     rewards = env_config.reward_config()
-    assert rewards.weights == (-1.0, 0.0) and rewards.decay_period_s is None and not rewards.zero_sum
+    assert rewards.weights == (-1.0, 0.0, 0.0, 0.0) and rewards.decay_period_s is None and not rewards.zero_sum

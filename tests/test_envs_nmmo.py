@@ -7,7 +7,8 @@ import pytest
 
 from hpc_rl.envs.nmmo import (GALIVE, IALIVE, IFOOD, IFREEZE, IHP, IIMMUNE, IWATER, IX, IY, LEVEL, XP_TABLE, NmmoEnv)
 from hpc_rl.envs.nmmo_bots import Forager
-from hpc_rl.envs.nmmo_config import (CROP_CHANNELS, CROP_MATERIALS, EV_ALIVE, EV_DEATH, FOREST, GRASS, LAVA,
+from hpc_rl.envs.nmmo_config import (CROP_CHANNELS, CROP_MATERIALS, EV_ALIVE, EV_DEATH, EV_FOOD, EV_WATER, FOREST,
+                                     GRASS, LAVA,
                                      MATERIALS, S_MAGE, S_MELEE, S_NONE, S_RANGE, SCRUB, SELF_FEATURES,
                                      SK_DEFENSE, STONE, WATER, NmmoConfig)
 
@@ -60,15 +61,22 @@ def test_observations_follow_the_spec_and_the_world_goes_on():
     spec.check_obs(obs, 3)
     assert env.alive.sum(axis=1).tolist() == [1, 1, 1]  # the first agent; the others spawn one per tick
     bot = Forager(config, 0)
-    for _ in range(40):
+    resources = np.zeros((3, 16, 2))  # the food and water events summed over each agent's life so far
+    lives = []
+    for _ in range(60):
         obs, events, dones, infos = env.step(bot.act(obs))
         spec.check_obs(obs, 3)
         assert not dones.any() and infos["agent_done"].shape == (3, 16) and infos["winner"].shape == (3,)
         # The reward events: death where an agent's episode ended, alive for every living agent.
         np.testing.assert_array_equal(events[..., EV_DEATH] == 1, infos["agent_done"])
-        assert (env.alive[events[..., EV_ALIVE] == 1]).all() and (events.sum(axis=-1) <= 1).all()
+        assert (env.alive[events[..., EV_ALIVE] == 1]).all() and (events[..., :EV_FOOD].sum(axis=-1) <= 1).all()
         assert events[..., EV_ALIVE].sum() >= env.alive.sum() - 3  # all but this tick's spawns
         assert (infos["lifetime"][infos["agent_done"]] > 0).all()
+        # Food and water: the change of food (water) / maximum, which is 0 once dead, so a life sums to -1.
+        resources += events[..., [EV_FOOD, EV_WATER]]
+        lives += resources[infos["agent_done"]].tolist()
+        resources[infos["agent_done"]] = 0
+    assert len(lives) > 3 and np.allclose(lives, -1.0, atol=1e-5)
     # Empty slots observe zeros and may only stay and not attack.
     empty = ~env.alive
     assert (obs["global"][empty] == 0).all() and not obs["target_mask"][empty].any()
@@ -102,8 +110,9 @@ def test_eating_a_forest_refills_food_and_the_forest_grows_back():
         put(env, 0, 10, 10, immune=100)
         env.ai[0, 0, IFOOD] = 2
         env.tiles[0, 10, 11] = FOREST
-        env.step(heads(env, move=2))  # east, onto the forest
+        _, events, _, _ = env.step(heads(env, move=2))  # east, onto the forest
         assert env.ai[0, 0, IX] == 11 and env.ai[0, 0, IFOOD] == config.start_resources
+        assert events[0, 0, EV_FOOD] == pytest.approx(0.8) and events[0, 0, EV_WATER] == pytest.approx(-0.1)
         assert env.tiles[0, 10, 11] == SCRUB
         assert env.xp[0, 0, 5] > XP_TABLE[config.start_resources]  # hunting experience
         env.step(heads(env, move=4))  # west, off it

@@ -56,7 +56,7 @@ from numba import njit
 from hpc_rl.envs import nmmo_config
 from hpc_rl.envs.api import Actions, Obs
 from hpc_rl.envs.moba import _copy_seeds, _mix64, _uniform  # the one home of the per-copy SplitMix64 streams
-from hpc_rl.envs.nmmo_config import (CROP_CHANNELS, EV_ALIVE, EV_DEATH, FOREST, GRASS, LAVA,
+from hpc_rl.envs.nmmo_config import (CROP_CHANNELS, EV_ALIVE, EV_DEATH, EV_FOOD, EV_WATER, FOREST, GRASS, LAVA,
                                      MAX_LEVEL, MOVE_DX, MOVE_DY, S_MAGE, S_MELEE, SCRUB, SELF_FEATURES,
                                      SK_CONSTITUTION, SK_DEFENSE, SK_FISHING, SK_HUNTING, SKILLS, STONE, WATER,
                                      NmmoConfig)
@@ -292,14 +292,21 @@ def _step_all(ai, xp, gi, tiles, regrow, dep, seen, rng, ring, P, act, mov, tgt,
     A = ai.shape[1]
     damage = np.zeros(A, dtype=np.int64)
     frozen = np.zeros(A, dtype=np.int64)
+    phi = np.zeros((A, 2))
     for e in range(ai.shape[0]):
         _step_copy(e, ai, xp, gi, tiles, regrow, dep, seen, rng, ring, P, act, mov, tgt, events, agent_done,
-                   lifetime, damage, frozen)
+                   lifetime, damage, frozen, phi)
+
+
+@njit(cache=True, inline="always")
+def _resource_potential(e, a, ai):
+    """Φ of the ``food`` and ``water`` reward events: food and water as fractions of their maxima."""
+    return (ai[e, a, IFOOD] / ai[e, a, LEVEL + SK_HUNTING], ai[e, a, IWATER] / ai[e, a, LEVEL + SK_FISHING])
 
 
 @njit(cache=True)
 def _step_copy(e, ai, xp, gi, tiles, regrow, dep, seen, rng, ring, P, act, mov, tgt, events, agent_done, lifetime,
-               damage, frozen):
+               damage, frozen, phi):
     A = ai.shape[1]
     S = tiles.shape[1]
     t = gi[e, GTICK]
@@ -307,6 +314,10 @@ def _step_copy(e, ai, xp, gi, tiles, regrow, dep, seen, rng, ring, P, act, mov, 
     xs = P[P_XP]
     damage[:] = 0
     frozen[:] = 0
+    # The start-of-tick potentials (before pilfering, eating and drinking change them).
+    for a in range(A):
+        if ai[e, a, IALIVE]:
+            phi[a, 0], phi[a, 1] = _resource_potential(e, a, ai)
     # Attacks, on the start-of-tick state, in slot order: a target is a row of the attacker's last observation.
     for a in range(A):
         style = act[e, a]
@@ -379,12 +390,18 @@ def _step_copy(e, ai, xp, gi, tiles, regrow, dep, seen, rng, ring, P, act, mov, 
             ai[e, a, IALIVE] = 0
             gi[e, GALIVE] -= 1
             events[e, a, EV_DEATH] = 1.0
+            events[e, a, EV_FOOD] = -phi[a, 0]  # Φ of the dead is 0
+            events[e, a, EV_WATER] = -phi[a, 1]
             agent_done[e, a] = True
             lifetime[e, a] = ai[e, a, ILIFE]
             continue
         events[e, a, EV_ALIVE] = 1.0
         for s in range(len(SKILLS)):
             ai[e, a, LEVEL + s] = _level_of(xp[e, a, s])
+        # After the levels: a new maximum counts in the potential the next tick starts from.
+        food, water = _resource_potential(e, a, ai)
+        events[e, a, EV_FOOD] = food - phi[a, 0]
+        events[e, a, EV_WATER] = water - phi[a, 1]
     # Forest regrowth: the eaten tiles whose time has come (swap-removed from the list).
     i = 0
     while i < gi[e, GNDEP]:
@@ -631,3 +648,8 @@ class NmmoEnv:
     def alive(self) -> np.ndarray:
         """(E, A) bool: the slots holding a living agent."""
         return self.ai[:, :, IALIVE] == 1
+
+    @property
+    def positions(self) -> np.ndarray:
+        """(E, A, 2) int64: the tile (row, column) of every slot's agent; meaningless where a slot is empty."""
+        return self.ai[:, :, [IY, IX]]

@@ -35,11 +35,16 @@ SKILLS = ("constitution", "melee", "range", "mage", "defense", "hunting", "fishi
 SK_CONSTITUTION, SK_MELEE, SK_RANGE, SK_MAGE, SK_DEFENSE, SK_HUNTING, SK_FISHING = range(7)
 MAX_LEVEL = 99
 
-REWARD_EVENTS = ("death", "alive")
+REWARD_EVENTS = ("death", "alive", "food", "water")
 EV_DEATH = REWARD_EVENTS.index("death")
 EV_ALIVE = REWARD_EVENTS.index("alive")
-# The paper's reward: -1 at death, 0 otherwise. ``alive`` (1 for every tick lived) is the optional survival shaping.
-DEFAULT_REWARD_WEIGHTS = {"death": -1.0, "alive": 0.0}
+EV_FOOD = REWARD_EVENTS.index("food")
+EV_WATER = REWARD_EVENTS.index("water")
+# The paper's reward: -1 at death, 0 otherwise. ``alive`` (1 for every tick lived) is the optional survival shaping;
+# ``food`` and ``water`` are the change over the tick of Φ = food (water) / its maximum, 0 once dead: potential-based
+# shaping (Ng, Harada & Russell 1999, with γ = 1), whose sum over a lifetime is −1 whatever the agent did, so it
+# leaves the best policy as it is and only moves the reward of eating and drinking to the tick it happens.
+DEFAULT_REWARD_WEIGHTS = {"death": -1.0, "alive": 0.0, "food": 0.0, "water": 0.0}
 
 AGENT_FEATURES = 15
 SELF_FEATURES = 20
