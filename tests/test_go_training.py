@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from hpc_rl import metric_names as M
-from hpc_rl.algo.alphazero import AlphaZeroLearner, ReplayBuffer
+from hpc_rl.algo.alphazero import AlphaZeroLearner, ReplayBuffer, sample_even_wins, win_group_shares
 from hpc_rl.algo.config import AlphaZeroConfig
 from hpc_rl.config import TrainConfig, build_config, register
 from hpc_rl.data.batch import GameSchema, SegmentError
@@ -35,7 +35,7 @@ def test_replay_buffer_keeps_the_newest_positions_in_order_and_samples_them_unif
 
     def add(first: int, n: int) -> None:  # positions labelled by their version
         buffer.add(np.zeros((n, NUM_PLANES, 5, 5), np.float32), np.full((n, 26), 1 / 26, np.float32),
-                   np.zeros(n, np.float32), np.arange(first, first + n))
+                   np.zeros(n, np.float32), np.arange(first, first + n), first % 2)
 
     add(0, 3)
     assert list(buffer.version[buffer.order()]) == [0, 1, 2]
@@ -46,6 +46,31 @@ def test_replay_buffer_keeps_the_newest_positions_in_order_and_samples_them_unif
     drawn = buffer.sample(20_000, np.random.default_rng(0))["version"]
     counts = np.bincount(drawn - 9, minlength=5)
     assert set(drawn) == {9, 10, 11, 12, 13} and np.all(np.abs(counts / 20_000 - 0.2) < 0.015)
+    assert list(buffer.winner[buffer.order()]) == [1] * 5 and buffer.black_win_share() == 0.0
+
+
+def slow_even_win_probabilities(winners):
+    """Each position's chance of being drawn: a draw's 1/N; a decided game's position half the decided share over
+    its colour's positions (all of it when the other colour won none)."""
+    n = len(winners)
+    decided = sum(w >= 0 for w in winners) / n
+    count = {c: sum(w == c for w in winners) for c in (0, 1)}
+    colours = [c for c in (0, 1) if count[c]]
+    return np.array([1 / n if w < 0 else decided / len(colours) / count[w] for w in winners])
+
+
+@pytest.mark.parametrize("winners", [[0, 0, 0, 0, 0, 0, 1, 1, -1, 0], [1, 1, 1, 0], [0, 0, -1], [-1, -1], [1]])
+def test_even_win_sampling_matches_a_slow_reference(winners):
+    """ELF OpenGo's sampling: black's wins and white's drawn evenly however the buffer is split."""
+    winners = np.array(winners)
+    expected = slow_even_win_probabilities(winners)
+    shares = win_group_shares(winners)
+    assert np.allclose(shares, [expected[winners == c].sum() for c in (0, 1, -1)])
+    draws = 200_000
+    rows = sample_even_wins(winners, draws, np.random.default_rng(1))
+    assert len(rows) == draws
+    freq = np.bincount(rows, minlength=len(winners)) / draws
+    assert np.all(np.abs(freq - expected) < 4 * np.sqrt(expected * (1 - expected) / draws) + 1e-12)
 
 
 def test_alphazero_update_lowers_the_loss_on_a_fixed_batch_and_its_checkpoint_restores_it():

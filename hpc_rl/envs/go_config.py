@@ -22,10 +22,15 @@ class PUCTConfig:
     dirichlet_weight: float = 0.25  # epsilon: P = (1 - epsilon) p + epsilon eta at the root; 0: no noise
     temperature: float = 1.0  # moves drawn from N^(1 / temperature); 0: the most visited (ELF: 1 for all moves)
     greedy_after: int | None = None  # from this move on, the most visited (AlphaGo Zero, AlphaZero: 30); None: never
-    # Resign when the search's value is below it; None: never. AlphaGo Zero moves it to keep the calibration games'
-    # false positives under 5% (resign_false_positives); -0.9 is a starting point, not a paper's figure.
+    # A player resigns when the search's value for it is below the threshold. None: nobody ever resigns. With
+    # resign_false_positives None, this fixed threshold; with a target, the calibrated one, never above this cap.
     resign_threshold: float | None = -0.9
     resign_playout_share: float = 0.1  # games that never resign, to measure the threshold's false positives (AGZ)
+    # AlphaGo Zero's calibration: the threshold is the highest at which at most this share of the last
+    # resign_calibration_games calibration games (played out) would have seen the player who did not lose resign;
+    # nobody resigns before that many are in (every game is played out until then). None: the fixed threshold.
+    resign_false_positives: float | None = 0.05
+    resign_calibration_games: int = 100
 
     def __post_init__(self) -> None:
         if self.simulations < 2:
@@ -44,6 +49,10 @@ class PUCTConfig:
             raise ValueError(f"greedy_after must be >= 0 or None, got {self.greedy_after}")
         if self.resign_threshold is not None and not -1 <= self.resign_threshold <= 1:
             raise ValueError(f"resign_threshold must lie in [-1, 1] or be None, got {self.resign_threshold}")
+        if self.resign_false_positives is not None and not 0 <= self.resign_false_positives < 1:
+            raise ValueError(f"resign_false_positives must lie in [0, 1) or be None, got {self.resign_false_positives}")
+        if self.resign_calibration_games < 1:
+            raise ValueError(f"resign_calibration_games must be >= 1, got {self.resign_calibration_games}")
 
 
 

@@ -22,6 +22,7 @@ numba caches each file's kernels and notices edits of that file only; the kernel
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +85,18 @@ def visit_policy(visits: np.ndarray, temperature: float) -> np.ndarray:
     top = visits.max(-1, keepdims=True)
     scaled = (visits / np.where(top > 0, top, 1.0)) ** (1.0 / temperature)  # scaled first: N^(1/T) overflows
     return scaled / scaled.sum(-1, keepdims=True)
+
+
+def calibrated_resign_threshold(survivor_min_values, target: float) -> float:
+    """AlphaGo Zero's resignation threshold from calibration games (played out, nobody resigning): the highest
+    threshold t at which at most a share ``target`` of them would have seen a player who did not go on to lose resign,
+    i.e. had a search value below t. ``survivor_min_values``: per calibration game, the lowest value the search gave
+    the player who did not lose (the winner; in a draw, either). A player resigns when its value is below t, so with
+    the values sorted, t is the (floor(target n) + 1)-th lowest: below it lie at most floor(target n) games."""
+    values = np.sort(np.asarray(survivor_min_values, dtype=np.float64))
+    if values.size == 0:
+        raise ValueError("no calibration games to choose a resignation threshold from")
+    return float(values[int(np.floor(target * values.size))])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -386,8 +399,11 @@ class SelfPlay:
 
     Row ``i`` searches with ``seeds[i]``'s stream (``PUCTSearch``) and draws whether its k-th game is a calibration
     game (no resignation; share ``resign_playout_share``) from ``np.random.default_rng([seeds[i], 1])`` for its first
-    game, ``[seeds[i], 1, k]`` after. A player resigns when the search's value for it is below
-    ``resign_threshold``; the opponent wins."""
+    game, ``[seeds[i], 1, k]`` after. A player resigns when the search's value for it is below ``threshold``; the
+    opponent wins. The threshold is ``resign_threshold``, or with ``resign_false_positives`` the calibrated one
+    (``calibrated_resign_threshold`` over the last ``resign_calibration_games`` calibration games, capped at
+    ``resign_threshold``), None until that many are in: a game that starts without a threshold is played out and
+    is a calibration game."""
 
     def __init__(self, config: PUCTConfig, seeds, board_size: int = 9, komi: float = 7.5,
                  max_game_length: int | None = None, restart: bool = False):
@@ -397,17 +413,33 @@ class SelfPlay:
         self.games = GoGames(n, board_size, komi, max_game_length)
         self.search = PUCTSearch(config, self.seeds, board_size, komi, max_game_length)
         self.started = np.zeros(n, dtype=np.int64)  # games started in each row
+        # Per calibration game ended, the lowest search value of the player who did not lose, the newest last.
+        self.survivor_min_values: deque[float] = deque(maxlen=config.resign_calibration_games)
+        self.threshold = self._threshold()
         self.playout = np.array([self._calibration(r) for r in range(n)])
+        self.min_value = np.full((n, 2), np.inf)  # each player's lowest search value in the row's game so far
         self.would_resign = np.full(n, -1)
         self.history: list[list[tuple]] = [[] for _ in range(n)]
         self.active = np.arange(n)
         self.moves = 0  # moves searched so far, over every row (a resignation counts as its row's last)
         self.search.start(self.games, self.active)
 
-    def _calibration(self, row: int) -> bool:
+    def _threshold(self) -> float | None:
+        """The resignation threshold in force: fixed, or calibrated once enough calibration games are in."""
         cfg = self.config
+        if cfg.resign_threshold is None or cfg.resign_false_positives is None:
+            return cfg.resign_threshold
+        if len(self.survivor_min_values) < cfg.resign_calibration_games:
+            return None
+        return min(calibrated_resign_threshold(self.survivor_min_values, cfg.resign_false_positives),
+                   cfg.resign_threshold)
+
+    def _calibration(self, row: int) -> bool:
+        """Whether the row's next game is played out (the draw is made even when no threshold is in force, so a
+        row's stream does not depend on when calibration ends)."""
         key = [self.seeds[row], 1] + ([int(self.started[row])] if self.started[row] else [])
-        return cfg.resign_threshold is None or np.random.default_rng(key).random() < cfg.resign_playout_share
+        drawn = np.random.default_rng(key).random() < self.config.resign_playout_share
+        return self.threshold is None or drawn
 
     @property
     def done(self) -> bool:
@@ -432,7 +464,8 @@ class SelfPlay:
         planes = input_planes(games, active)
         for i, g in enumerate(active):
             self.history[g].append((planes[i], choice.pi[i], to_play[i], choice.actions[i], version))
-        losing = (choice.values < config.resign_threshold if config.resign_threshold is not None
+        np.minimum.at(self.min_value, (active, to_play), choice.values)
+        losing = (choice.values < self.threshold if self.threshold is not None
                   else np.zeros(len(active), dtype=bool))
         first = losing & self.playout[active] & (self.would_resign[active] < 0)
         self.would_resign[active[first]] = to_play[first]
@@ -446,12 +479,17 @@ class SelfPlay:
         winner[ended] = np.where(black > 0, 0, np.where(black < 0, 1, -1))
         finished = np.sort(np.concatenate([active[resign], ended]))
         records = [(int(g), self._record(g, int(winner[g]), bool(np.isin(g, active[resign])))) for g in finished]
+        for g in finished[self.playout[finished]]:  # the player who did not lose: the winner; in a draw, either
+            self.survivor_min_values.append(float(self.min_value[g].min() if winner[g] < 0
+                                                  else self.min_value[g, winner[g]]))
+        self.threshold = self._threshold()
         if self.restart and finished.size:
             games.reset(finished)
             self.started[finished] += 1
             for g in finished:
                 self.playout[g] = self._calibration(g)
                 self.would_resign[g] = -1
+                self.min_value[g] = np.inf
                 self.history[g] = []
             self.active = active
         else:
@@ -483,7 +521,8 @@ def play_games(evaluate, seeds, board_size: int = 9, komi: float = 7.5, config: 
 
 def resign_false_positives(records: list[GameRecord]) -> tuple[int, int]:
     """(calibration games in which a player would have resigned and went on to win or draw, calibration games in
-    which one would have resigned): AlphaGo Zero keeps the first below 5% of the second by moving the threshold."""
+    which one would have resigned), at the threshold in force during each game: the wrong resignations among those
+    the threshold would have made, which the calibration (``calibrated_resign_threshold``) keeps rare."""
     would = [r for r in records if r.playout and r.would_resign >= 0]
     return sum(r.winner != 1 - r.would_resign for r in would), len(would)
 

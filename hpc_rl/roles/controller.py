@@ -145,8 +145,8 @@ def resume_pool(layout: RunLayout, resume_version: int, pool: OpponentPool, keep
 def selfplay_metrics(env: list[dict], seconds: float) -> dict[str, float]:
     """Go's self-play figures from the env ranks' counters (``hpc_rl.roles.go.GoEnvWorker``), since this job
     started."""
-    total = {k: float(sum(s.get(k, 0) for s in env)) for k in ("games", "env_steps", "resigned", "game_moves",
-                                                              "calibration_would_resign",
+    total = {k: float(sum(s.get(k, 0) for s in env)) for k in ("games", "env_steps", "resigned", "black_wins",
+                                                              "game_moves", "calibration_would_resign",
                                                               "calibration_false_positives")}
     games = total["games"]
     out = {M.GO_GAMES: games, M.GO_POSITIONS: total["env_steps"],
@@ -155,6 +155,10 @@ def selfplay_metrics(env: list[dict], seconds: float) -> dict[str, float]:
     if games:
         out[M.GO_RESIGNED] = total["resigned"] / games
         out[M.GO_GAME_LENGTH] = total["game_moves"] / games
+        out[M.GO_BLACK_WINS] = total["black_wins"] / games
+    thresholds = [s["resign_threshold"] for s in env if s.get("resign_threshold") is not None]
+    if thresholds:  # each env rank calibrates its own: their mean, over the ranks where one is in force
+        out[M.GO_RESIGN_THRESHOLD] = float(np.mean(thresholds))
     if total["calibration_would_resign"]:
         out[M.GO_RESIGN_FALSE_POSITIVES] = total["calibration_false_positives"] / total["calibration_would_resign"]
     return out

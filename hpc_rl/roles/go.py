@@ -69,8 +69,9 @@ class GoEnvWorker:
         self.count = 0
         self.next_ring = 0
         self.produced_ids: list[tuple[int, int, int]] = []  # (this rank, this rank, game number) of every game put
-        self.stats = dict.fromkeys(("env_steps", "games", "game_moves", "resigned", "calibration_would_resign",
-                                    "calibration_false_positives", "request_bytes", "segment_bytes"), 0)
+        self.stats = dict.fromkeys(("env_steps", "games", "game_moves", "resigned", "black_wins",
+                                    "calibration_would_resign", "calibration_false_positives", "request_bytes",
+                                    "segment_bytes"), 0)
 
     def run(self) -> None:
         self.start()
@@ -104,7 +105,9 @@ class GoEnvWorker:
         self.stats["env_steps"] = self.selfplay.moves
         for _, record in finished:
             self._ship(record)
-        self.link.beat({**self.stats, "seconds": time.monotonic() - self.started})
+        # resign_threshold None: nobody may resign now (calibrating, or never)
+        self.link.beat({**self.stats, "resign_threshold": self.selfplay.threshold,
+                        "seconds": time.monotonic() - self.started})
 
     def _ship(self, record: GameRecord) -> None:
         seq = len(self.produced_ids) + 1
@@ -116,6 +119,7 @@ class GoEnvWorker:
         self.stats["games"] += 1
         self.stats["game_moves"] += len(record.z)
         self.stats["resigned"] += int(record.resigned)
+        self.stats["black_wins"] += int(record.winner == 0)
         self.stats["segment_bytes"] += payload.nbytes
         if record.playout and record.would_resign >= 0:
             self.stats["calibration_would_resign"] += 1
@@ -221,7 +225,7 @@ class GoLearnerWorker(LockstepLearner):
                     self.rejected += 1
                     log.warning("game from rank %d seq %d rejected: %s", seg.writer, seg.seq, err)
                     continue
-                self.buffer.add(record.planes, record.pi, record.z, record.versions)
+                self.buffer.add(record.planes, record.pi, record.z, record.versions, record.winner)
                 self.produced += len(record.z)
                 taken.append((seg.writer, env_rank, seq))
         finally:
@@ -243,7 +247,7 @@ class GoLearnerWorker(LockstepLearner):
         self.link.beat(self._stats())
         if not may_update(control, 1, self.target_reuse):
             return False
-        batch = self.buffer.sample(az.batch_size, self.rng)
+        batch = self.buffer.sample(az.batch_size, self.rng, az.even_wins)
         metrics = self.learner.update(batch["planes"], batch["pi"], batch["z"])
         self.consumed += az.batch_size
         version = self.learner.version
@@ -259,7 +263,8 @@ class GoLearnerWorker(LockstepLearner):
                             M.REUSE: consumed / max(control["produced"], 1.0),
                             M.REJECTED_SEGMENTS: control["rejected"], M.LEARNER_SAMPLES: consumed,
                             M.LEARNER_SAMPLES_PER_S: consumed / max(time.monotonic() - self.started, 1e-9),
-                            M.REPLAY_POSITIONS: float(self.buffer.size)})
+                            M.REPLAY_POSITIONS: float(self.buffer.size),
+                            M.BLACK_WIN_SHARE: self.buffer.black_win_share()})
             self.link.send((version, metrics), TAG_METRICS)
             if version % pipeline.checkpoint_every == 0 and not self.nonfinite_streak:
                 self.link.send((version, self.learner.checkpoint_sections()), TAG_CHECKPOINT)
