@@ -85,6 +85,12 @@ GO_BLACK_WINS = "selfplay/black_win_share"
 GO_RESIGN_THRESHOLD = "selfplay/resign_threshold"
 REPLAY_POSITIONS = "data/replay_positions"  # positions in learner 0's replay buffer
 BLACK_WIN_SHARE = "data/black_win_share"  # of the positions in learner 0's replay buffer, those of games black won
+# Go's gating (env.go.gating.games > 0), from the inference ranks: the version self-play uses, the matches of
+# candidates ended and won, the last match's score of its candidate
+GATE_SELFPLAY_VERSION = "gating/selfplay_version"
+GATE_MATCHES = "gating/matches"
+GATE_PROMOTED = "gating/promoted"
+GATE_SCORE = "gating/score"
 EPISODE_LENGTH = "stats/episode_length"  # episodes that end per agent (Neural MMO: lifetimes), last ten versions
 POOL_SIZE = "league/pool_size"
 GAMES_VS_PAST = "league/games_vs_past"

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from hpc_rl.envs.go import NUM_PLANES, GoGames, input_planes
-from hpc_rl.envs.go_search import (COUNT, FIRST, PRIOR, VALUE_SUM, VISITS, PUCTConfig, PUCTSearch, SelfPlay,
-                                   add_virtual_loss, backup, calibrated_resign_threshold, mix_noise, play_games,
-                                   puct_score, resign_false_positives, visit_policy)
+from hpc_rl.envs.go_search import (COUNT, FIRST, PRIOR, VALUE_SUM, VISITS, Match, PUCTConfig, PUCTSearch,
+                                   SelfPlay, add_virtual_loss, backup, calibrated_resign_threshold, evaluation_config,
+                                   mix_noise, play_games, puct_score, resign_false_positives, visit_policy)
 
 
 class LinearEvaluator:
@@ -276,6 +276,37 @@ def test_resignation_waits_for_calibration_games_then_uses_their_threshold():
     resigned = [r for r, _ in records if r.resigned]
     assert resigned and all(r.winner == 1 and len(r.z) == 1 for r in resigned)
     assert all(r.playout for r, _ in records if not r.resigned)
+
+
+def counts_stones(planes, legal, komi=0.5):
+    """Uniform priors; the value the stones on the board give the player to move (white gets the komi)."""
+    margin = planes[:, 0].sum((1, 2)) - planes[:, 1].sum((1, 2)) + np.where(planes[:, 3, 0, 0] == 1, -komi, komi)
+    return legal.astype(np.float64), np.clip(margin / 4, -1, 1)
+
+
+def only_passes(planes, legal):
+    """All the prior on the pass and no opinion of the position: a player that gives the board away."""
+    priors = np.zeros(legal.shape)
+    priors[:, -1] = 1.0
+    return priors, np.zeros(len(planes))
+
+
+@pytest.mark.parametrize("opening", [0, 4])
+def test_a_gating_match_plays_each_network_in_its_own_seat(opening):
+    """A stone-counting network against one that gives the board away, each black in half the games: the first
+    wins every game from either seat (mixed-up seats would split them), and scores 0 from the other side."""
+    cfg = evaluation_config(PUCTConfig(simulations=8), opening)
+    assert (cfg.dirichlet_weight, cfg.temperature, cfg.greedy_after) == (0.0, float(bool(opening)), opening or None)
+    scores = []
+    for players in ((counts_stones, only_passes), (only_passes, counts_stones)):
+        match = Match(cfg, 4, seed=3, board_size=5, komi=0.5)
+        while not match.done:
+            match.step(players)
+        scores.append(match.score())
+        assert (match.games.move_number > 2).all()
+    assert scores == [1.0, 0.0]
+    with pytest.raises(RuntimeError, match="before every game"):
+        Match(cfg, 2, seed=0, board_size=5).score()
 
 
 def test_bad_settings_and_calls_are_refused():

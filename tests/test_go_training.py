@@ -133,6 +133,31 @@ def test_env_rank_records_games_with_the_search_policy_and_each_players_outcome(
     assert open_run(tmp_path / "serial").checkpoint_versions[-1] == 2
 
 
+def test_gating_plays_candidates_between_selfplay_batches_and_promotes_only_winners(tmp_path):
+    """With gating (env.go.gating.games) the inference role plays each candidate against the self-play network a
+    search step at a time; self-play moves on meanwhile with the network that last won, and the metrics report it."""
+    set_torch_threads()
+    config = go5(tmp_path, "run_name=gate", "pipeline.max_versions=1000", "env.go.gating.games=2",
+                 "env.go.gating.opening=2", "env.go.max_game_length=8")
+    runner = SerialRunner(config)
+    log = []
+
+    def on_update(runner, metrics):
+        inference = runner.inference
+        log.append((inference.version, inference.gate_stats["gate_promoted"], inference.match is not None))
+        return inference.gate_stats["gate_matches"] >= 2
+
+    metrics = runner.run(on_update)
+    stats = runner.inference.gate_stats
+    assert stats["gate_matches"] >= 2 and 0 <= stats["gate_score"] <= 1
+    assert metrics[M.GATE_MATCHES] == stats["gate_matches"] and metrics[M.GATE_SCORE] == stats["gate_score"]
+    assert metrics[M.GATE_SELFPLAY_VERSION] == runner.inference.version
+    # the self-play version changes only when a candidate wins, and then to that candidate
+    for (version, promoted, _), (after, promoted_after, _) in zip(log, log[1:]):
+        assert (after != version) == (promoted_after > promoted) and after >= version
+    assert any(busy for _, _, busy in log)  # versions were trained while a match was under way
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.timeout(400)

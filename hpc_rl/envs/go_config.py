@@ -1,5 +1,6 @@
 """Go's settings, importable without numba or torch (``hpc_rl.config`` composes them): the game, the search of
-every move (``PUCTConfig``, run by ``hpc_rl.envs.go_search``) and the network (``GoNetConfig``)."""
+every move (``PUCTConfig``, run by ``hpc_rl.envs.go_search``), the network (``GoNetConfig``) and the gating of new
+networks (``GatingConfig``)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,29 @@ class PUCTConfig:
 
 
 @dataclass(frozen=True)
+class GatingConfig:
+    """AlphaGo Zero's gating: a candidate network (each newly published version, while no match is under way) plays
+    ``games`` games against the self-play network, colours alternating, and replaces it only if it scores at least
+    ``win_rate``. Off by default (``games`` 0: self-play always uses the newest network), as in ELF OpenGo and
+    AlphaZero. The matches search as self-play does, without root noise, the most visited move after the first
+    ``opening`` moves of a game, which are drawn from the visit counts at temperature 1 (so that the games between
+    two deterministic networks differ)."""
+
+    games: int = 0
+    win_rate: float = 0.55  # AlphaGo Zero's margin
+    opening: int = 6
+
+    def __post_init__(self) -> None:
+        if self.games < 0 or self.games % 2:
+            raise ValueError(f"games must be even (each network black in half) and >= 0 (0: no gating), got "
+                             f"{self.games}")
+        if not 0 < self.win_rate <= 1:
+            raise ValueError(f"win_rate must lie in (0, 1], got {self.win_rate}")
+        if self.opening < 0:
+            raise ValueError(f"opening must be >= 0, got {self.opening}")
+
+
+@dataclass(frozen=True)
 class GoConfig:
     """The Go of a training run (``env.name=go``): every env rank plays ``env.num_envs`` games at once, each move
     searched by ``search``, the leaves evaluated by ``net`` on the inference ranks."""
@@ -66,6 +90,7 @@ class GoConfig:
     max_game_length: int = 0  # moves, passes included; 0: the engine's 2 * size^2
     search: PUCTConfig = field(default_factory=PUCTConfig)
     net: GoNetConfig = field(default_factory=GoNetConfig)
+    gating: GatingConfig = field(default_factory=GatingConfig)
 
     def __post_init__(self) -> None:
         if not BOARD_SIZES[0] <= self.board_size <= BOARD_SIZES[1]:

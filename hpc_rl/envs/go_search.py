@@ -23,7 +23,7 @@ numba caches each file's kernels and notices edits of that file only; the kernel
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
@@ -236,6 +236,7 @@ class PUCTSearch:
         self.simulations = np.zeros(self.num_games, dtype=np.int64)  # selections this move
         self.rows = np.zeros(0, dtype=np.int64)
         self.games: GoGames | None = None
+        self.leaf_games = np.zeros(0, dtype=np.int64)  # the game of each leaf the last select() returned
         self._pending = None
 
     def start(self, games: GoGames, rows) -> None:
@@ -287,6 +288,7 @@ class PUCTSearch:
         eval_row = np.full(n, -1, dtype=np.int64)
         eval_row[evaluate] = np.arange(len(evaluate))
         legal = self.leaves.legal_mask()[evaluate]
+        self.leaf_games = self._leaf_game[evaluate]
         self._pending = (n, values, eval_row, evaluate, legal)
         return input_planes(self.leaves, evaluate, legal), legal
 
@@ -517,6 +519,62 @@ def play_games(evaluate, seeds, board_size: int = 9, komi: float = 7.5, config: 
         for row, record in selfplay.expand_and_backup(*answer):
             records[row] = record
     return records
+
+
+def evaluation_config(config: PUCTConfig, opening: int = 0) -> PUCTConfig:
+    """``config``'s search at evaluation play (a ladder's network player, a gating match): no root noise, the most
+    visited move, except that a game's first ``opening`` moves are drawn from the visit counts at temperature 1."""
+    return replace(config, dirichlet_weight=0.0, temperature=1.0 if opening else 0.0, greedy_after=opening or None)
+
+
+class Match:
+    """Games between two networks, player 0 (the candidate) and player 1, stepped as ``SelfPlay`` is, so that an
+    inference rank can play them between its self-play batches (AlphaGo Zero's gating):
+
+        match.step((evaluate_0, evaluate_1))     # one search step of every game: each leaf by its mover's network
+        match.done, match.score()                # player 0's points per game (a draw half) once every game ended
+
+    Player 0 plays black in the even games. A move's tree belongs to the player to move at its root, so every leaf
+    of it is evaluated by that player's network. Game ``g`` draws its sampled moves from ``[seed, g]``'s stream."""
+
+    def __init__(self, config: PUCTConfig, num_games: int, seed: int, board_size: int = 9, komi: float = 7.5,
+                 max_game_length: int | None = None):
+        self.games = GoGames(num_games, board_size, komi, max_game_length)
+        self.search = PUCTSearch(config, [[seed, g] for g in range(num_games)], board_size, komi, max_game_length)
+        self.colour = np.arange(num_games) % 2  # player 0's colour in each game
+        self.active = np.arange(num_games)
+        self.search.start(self.games, self.active)
+
+    @property
+    def done(self) -> bool:
+        return self.active.size == 0
+
+    def step(self, evaluators) -> None:
+        """One search step of every unfinished game, ``evaluators[p](planes, legal) -> (priors, values)`` answering
+        the leaves of player ``p``'s trees; the moves are played once every game's search of this move is done."""
+        planes, legal = self.search.select()
+        games = self.search.leaf_games
+        mover = (self.games.to_play[games] != self.colour[games]).astype(np.int64)  # 0 where player 0 is to move
+        priors, values = np.zeros(legal.shape), np.zeros(len(legal))
+        for p in (0, 1):
+            mine = mover == p
+            if mine.any():
+                priors[mine], values[mine] = evaluators[p](planes[mine], legal[mine])
+        self.search.expand_and_backup(priors, values)
+        if self.search.done:
+            choice = self.search.choose()
+            self.games.play_sequences(self.active, choice.actions[:, None], np.ones(len(self.active), np.int64))
+            self.active = self.active[~self.games.terminal[self.active]]
+            if self.active.size:
+                self.search.start(self.games, self.active)
+
+    def score(self) -> float:
+        """Player 0's points per game: a win 1, a draw 1/2."""
+        if not self.done:
+            raise RuntimeError("score() before every game of the match has ended")
+        black = self.games.returns()[:, 0]
+        mine = np.where(self.colour == 0, black, -black)
+        return float(((mine + 1) / 2).mean())
 
 
 def resign_false_positives(records: list[GameRecord]) -> tuple[int, int]:

@@ -164,6 +164,22 @@ def selfplay_metrics(env: list[dict], seconds: float) -> dict[str, float]:
     return out
 
 
+def gating_metrics(inference: list[dict]) -> dict[str, float]:
+    """Go's gating figures from the inference ranks' reports (``hpc_rl.roles.go.GoInferenceWorker.gate``), which
+    play the same matches and agree: the self-play network's version, matches ended, candidates promoted, the last
+    match's score."""
+    gated = [s for s in inference if "gate_matches" in s]
+    if not gated:
+        return {}
+    out = {M.GATE_SELFPLAY_VERSION: float(min(s["version"] for s in gated)),
+           M.GATE_MATCHES: float(min(s["gate_matches"] for s in gated)),
+           M.GATE_PROMOTED: float(min(s["gate_promoted"] for s in gated))}
+    scores = [s["gate_score"] for s in gated if s["gate_score"] is not None]
+    if scores:
+        out[M.GATE_SCORE] = float(np.mean(scores))
+    return out
+
+
 class Controller:
     def __init__(self, config: TrainConfig, topology: Topology, control: ControlEndpoint, run_dir: Path,
                  resume_version: int, stop_flag: StopFlag | None, lifelines: Lifelines | None = None,
@@ -320,6 +336,8 @@ class Controller:
             metrics[M.EPISODE_RETURN] = returns / episodes
         if self.config.env.is_go:
             metrics.update(selfplay_metrics(env, seconds))
+            if self.config.env.go.gating.games:
+                metrics.update(gating_metrics(inference))
         if episodes and lengths:
             metrics[M.EPISODE_LENGTH] = lengths / episodes
         if self.pool is not None:
