@@ -8,12 +8,14 @@ the game has ended takes its true result instead); the caller evaluates them in 
 ``expand_and_backup(priors, values)`` expands those leaves and backs every path up, removing its virtual loss. After
 ``simulations`` selections per game (the first expands the root), ``choose()`` gives each game's move, the policy
 target π (the root's visit distribution) and the value the search sees for the player to move (for resignation).
-``SelfPlay`` steps whole self-play games with it the same way (what an env rank runs: ``hpc_rl.roles.go``), and
-``play_games`` drives those to their ends in one process. The settings (``PUCTConfig``) live in ``go_config.py``,
-which imports no numba, so a run's config composes without it.
+``SelfPlay`` steps whole self-play games with it the same way (what an env rank runs: ``hpc_rl.roles.go``), with
+AlphaGo Zero's calibrated resignation (``calibrated_resign_threshold``), and ``play_games`` drives those to their
+ends in one process; ``Match`` steps games between two networks (gating, on an inference rank). The settings
+(``PUCTConfig``) live in ``go_config.py``, which imports no numba, so a run's config composes without it.
 
-The maths are pure functions (``puct_score``, ``add_virtual_loss``, ``backup``, ``mix_noise``, ``visit_policy``).
-A node's statistics are its visit count N and value sum W, both for the player who moved into it, and its prior P.
+The maths are pure functions (``puct_score``, ``add_virtual_loss``, ``backup``, ``mix_noise``, ``visit_policy``,
+``calibrated_resign_threshold``). A node's statistics are its visit count N and value sum W, both for the player who
+moved into it, and its prior P.
 
 numba caches each file's kernels and notices edits of that file only; the kernels here therefore call nothing of
 ``go.py``: positions are built through ``GoGames``' own methods (``copy_from``, ``play_sequences``, ``terminal``,
