@@ -71,8 +71,9 @@ GAMES_VS_SCRIPTED_NEW_VERSION = "eval/games_vs_scripted_new_version"
 EPISODE_RETURN = "stats/episode_return"  # Gymnasium, PettingZoo (per agent): mean return of the last ten versions' episodes
 # Go's self-play (env.name=go), over every env rank since the run started (this job's): finished games, the
 # positions searched in them, games and positions per second, the share of games a player resigned, the mean game
-# length in moves; and, of the calibration games (no resignation) in which a player would have resigned, the share
-# that player went on not to lose (AlphaGo Zero keeps it under 5% by moving the threshold)
+# length in moves, the share black won; of the calibration games (no resignation) in which a player would have
+# resigned, the share that player went on not to lose; and the resignation threshold in force now (the env ranks'
+# mean; absent while none is: calibrating, or resignation off)
 GO_GAMES = "selfplay/games"
 GO_POSITIONS = "selfplay/positions"
 GO_GAMES_PER_S = "selfplay/games_per_s"
@@ -80,7 +81,16 @@ GO_POSITIONS_PER_S = "selfplay/positions_per_s"
 GO_RESIGNED = "selfplay/resigned_share"
 GO_GAME_LENGTH = "selfplay/game_length"
 GO_RESIGN_FALSE_POSITIVES = "selfplay/resign_false_positives"
+GO_BLACK_WINS = "selfplay/black_win_share"
+GO_RESIGN_THRESHOLD = "selfplay/resign_threshold"
 REPLAY_POSITIONS = "data/replay_positions"  # positions in learner 0's replay buffer
+BLACK_WIN_SHARE = "data/black_win_share"  # of the positions in learner 0's replay buffer, those of games black won
+# Go's gating (env.go.gating.games > 0), from the inference ranks: the version self-play uses, the matches of
+# candidates ended and won, the last match's score of its candidate
+GATE_SELFPLAY_VERSION = "gating/selfplay_version"
+GATE_MATCHES = "gating/matches"
+GATE_PROMOTED = "gating/promoted"
+GATE_SCORE = "gating/score"
 EPISODE_LENGTH = "stats/episode_length"  # episodes that end per agent (Neural MMO: lifetimes), last ten versions
 POOL_SIZE = "league/pool_size"
 GAMES_VS_PAST = "league/games_vs_past"

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from hpc_rl.envs.go import NUM_PLANES, GoGames, input_planes
-from hpc_rl.envs.go_search import (COUNT, FIRST, PRIOR, VALUE_SUM, VISITS, PUCTConfig, PUCTSearch, add_virtual_loss,
-                                   backup, mix_noise, play_games, puct_score, resign_false_positives, visit_policy)
+from hpc_rl.envs.go_search import (COUNT, FIRST, PRIOR, VALUE_SUM, VISITS, Match, PUCTConfig, PUCTSearch,
+                                   SelfPlay, add_virtual_loss, backup, calibrated_resign_threshold, evaluation_config,
+                                   mix_noise, play_games, puct_score, resign_false_positives, visit_policy)
 
 
 class LinearEvaluator:
@@ -213,7 +214,7 @@ def black_is_lost(planes, legal):
 def test_resignation_and_its_calibration_share():
     """Black resigns at once where it may; the calibration games (their share drawn per game) play on and record
     that black would have resigned."""
-    cfg = PUCTConfig(simulations=4, resign_threshold=-0.8, resign_playout_share=0.25)
+    cfg = PUCTConfig(simulations=4, resign_threshold=-0.8, resign_playout_share=0.25, resign_false_positives=None)
     seeds = range(200)
     records = play_games(black_is_lost, seeds, board_size=5, config=cfg, max_game_length=6)
     playout = np.array([r.playout for r in records])
@@ -229,6 +230,85 @@ def test_resignation_and_its_calibration_share():
     assert false_positives == sum(r.winner != 1 for r in records if r.playout)
 
 
+def slow_resign_threshold(survivor_min_values, target):
+    """The highest threshold, among the values themselves, at which the share of games whose surviving player's
+    lowest value lies below it is at most the target (below the lowest value the share is 0)."""
+    best = -np.inf
+    for t in survivor_min_values:
+        if np.mean([v < t for v in survivor_min_values]) <= target:
+            best = max(best, t)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_calibrated_resign_threshold_matches_a_slow_reference(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    values = np.round(rng.uniform(-1, 1, n), 1)  # ties
+    for target in (0.0, 0.05, 0.1, 0.5, 0.99):
+        t = calibrated_resign_threshold(values, target)
+        assert t == slow_resign_threshold(values, target)
+        assert np.mean(values < t) <= target
+    with pytest.raises(ValueError, match="no calibration games"):
+        calibrated_resign_threshold([], 0.05)
+
+
+def test_resignation_waits_for_calibration_games_then_uses_their_threshold():
+    """Every game is played out until resign_calibration_games calibration games are in; then the threshold is the
+    calibrated one over the newest of them, capped, and black (always lost) resigns outside the calibration games."""
+    cfg = PUCTConfig(simulations=4, resign_threshold=-0.5, resign_playout_share=0.25, resign_false_positives=0.05,
+                     resign_calibration_games=10)
+    selfplay = SelfPlay(cfg, range(6), board_size=5, max_game_length=6, restart=True)
+    records, thresholds = [], []
+    while len(records) < 60:
+        planes, legal = selfplay.select()
+        for _, record in selfplay.expand_and_backup(*black_is_lost(planes, legal)):
+            records.append((record, selfplay.threshold))
+        thresholds.append(selfplay.threshold)
+        calibration = list(selfplay.survivor_min_values)
+        if len(calibration) < 10:
+            assert selfplay.threshold is None
+        else:
+            assert selfplay.threshold == min(calibrated_resign_threshold(calibration, 0.05), -0.5)
+    assert thresholds[0] is None and thresholds[-1] == -0.5  # white's value is never low: the cap holds
+    first = [r for r, _ in records[:10]]
+    assert all(r.playout and not r.resigned for r in first)
+    resigned = [r for r, _ in records if r.resigned]
+    assert resigned and all(r.winner == 1 and len(r.z) == 1 for r in resigned)
+    assert all(r.playout for r, _ in records if not r.resigned)
+
+
+def counts_stones(planes, legal, komi=0.5):
+    """Uniform priors; the value the stones on the board give the player to move (white gets the komi)."""
+    margin = planes[:, 0].sum((1, 2)) - planes[:, 1].sum((1, 2)) + np.where(planes[:, 3, 0, 0] == 1, -komi, komi)
+    return legal.astype(np.float64), np.clip(margin / 4, -1, 1)
+
+
+def only_passes(planes, legal):
+    """All the prior on the pass and no opinion of the position: a player that gives the board away."""
+    priors = np.zeros(legal.shape)
+    priors[:, -1] = 1.0
+    return priors, np.zeros(len(planes))
+
+
+@pytest.mark.parametrize("opening", [0, 4])
+def test_a_gating_match_plays_each_network_in_its_own_seat(opening):
+    """A stone-counting network against one that gives the board away, each black in half the games: the first
+    wins every game from either seat (mixed-up seats would split them), and scores 0 from the other side."""
+    cfg = evaluation_config(PUCTConfig(simulations=8), opening)
+    assert (cfg.dirichlet_weight, cfg.temperature, cfg.greedy_after) == (0.0, float(bool(opening)), opening or None)
+    scores = []
+    for players in ((counts_stones, only_passes), (only_passes, counts_stones)):
+        match = Match(cfg, 4, seed=3, board_size=5, komi=0.5)
+        while not match.done:
+            match.step(players)
+        scores.append(match.score())
+        assert (match.games.move_number > 2).all()
+    assert scores == [1.0, 0.0]
+    with pytest.raises(RuntimeError, match="before every game"):
+        Match(cfg, 2, seed=0, board_size=5).score()
+
+
 def test_bad_settings_and_calls_are_refused():
     with pytest.raises(ValueError, match="simulations"):
         PUCTConfig(simulations=1)
@@ -236,6 +316,10 @@ def test_bad_settings_and_calls_are_refused():
         PUCTConfig(dirichlet_weight=1.5)
     with pytest.raises(ValueError, match="resign_threshold"):
         PUCTConfig(resign_threshold=-2)
+    with pytest.raises(ValueError, match="resign_false_positives"):
+        PUCTConfig(resign_false_positives=1.0)
+    with pytest.raises(ValueError, match="resign_calibration_games"):
+        PUCTConfig(resign_calibration_games=0)
     search = PUCTSearch(PUCTConfig(simulations=4), [0, 1], board_size=5)
     games = GoGames(2, 5)
     with pytest.raises(RuntimeError, match="start"):

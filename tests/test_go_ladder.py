@@ -254,6 +254,24 @@ def test_a_network_plays_legal_greedy_moves_from_its_committed_checkpoint(tmp_pa
     assert player.simulations == 3 * 8 and paced.simulations >= 3 * 2
 
 
+def test_sampled_openings_make_two_networks_games_differ_and_replay_from_their_seeds(tmp_path):
+    """Without an opening two networks play one game per colour whatever the seeds; with opening=4 the first four
+    moves are drawn from the visit counts, so seeds give different games, each replayed exactly from its seed."""
+    layout, go = go_run(tmp_path)
+
+    def game(seed, opening):
+        black, white = (make_player(net_spec(str(layout.root), v, sims=4, opening=opening), go.board_size, go.komi,
+                                    seed + k) for k, v in enumerate((1, 2)))
+        return go_ladder.play_game(black, white, go.board_size, go.komi)["moves"]
+
+    assert game(0, 0) == game(10, 0)
+    sampled = [game(s, 4) for s in (0, 2, 4)]
+    assert len({tuple(m[:4]) for m in sampled}) > 1 and game(2, 4) == sampled[1]
+    assert net_spec(str(layout.root), 1, sims=8, opening=4).endswith("version=1,sims=8,opening=4")
+    with pytest.raises(ValueError, match="opening must be >= 0"):
+        make_player(net_spec(str(layout.root), 1, sims=8) + ",opening=-1", go.board_size, go.komi, 0)
+
+
 def test_a_network_player_names_what_is_missing_or_damaged(tmp_path):
     layout, go = go_run(tmp_path)
     size, komi = go.board_size, go.komi

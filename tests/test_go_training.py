@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from hpc_rl import metric_names as M
-from hpc_rl.algo.alphazero import AlphaZeroLearner, ReplayBuffer
+from hpc_rl.algo.alphazero import AlphaZeroLearner, ReplayBuffer, sample_even_wins, win_group_shares
 from hpc_rl.algo.config import AlphaZeroConfig
 from hpc_rl.config import TrainConfig, build_config, register
 from hpc_rl.data.batch import GameSchema, SegmentError
@@ -35,7 +35,7 @@ def test_replay_buffer_keeps_the_newest_positions_in_order_and_samples_them_unif
 
     def add(first: int, n: int) -> None:  # positions labelled by their version
         buffer.add(np.zeros((n, NUM_PLANES, 5, 5), np.float32), np.full((n, 26), 1 / 26, np.float32),
-                   np.zeros(n, np.float32), np.arange(first, first + n))
+                   np.zeros(n, np.float32), np.arange(first, first + n), first % 2)
 
     add(0, 3)
     assert list(buffer.version[buffer.order()]) == [0, 1, 2]
@@ -46,6 +46,31 @@ def test_replay_buffer_keeps_the_newest_positions_in_order_and_samples_them_unif
     drawn = buffer.sample(20_000, np.random.default_rng(0))["version"]
     counts = np.bincount(drawn - 9, minlength=5)
     assert set(drawn) == {9, 10, 11, 12, 13} and np.all(np.abs(counts / 20_000 - 0.2) < 0.015)
+    assert list(buffer.winner[buffer.order()]) == [1] * 5 and buffer.black_win_share() == 0.0
+
+
+def slow_even_win_probabilities(winners):
+    """Each position's chance of being drawn: a draw's 1/N; a decided game's position half the decided share over
+    its colour's positions (all of it when the other colour won none)."""
+    n = len(winners)
+    decided = sum(w >= 0 for w in winners) / n
+    count = {c: sum(w == c for w in winners) for c in (0, 1)}
+    colours = [c for c in (0, 1) if count[c]]
+    return np.array([1 / n if w < 0 else decided / len(colours) / count[w] for w in winners])
+
+
+@pytest.mark.parametrize("winners", [[0, 0, 0, 0, 0, 0, 1, 1, -1, 0], [1, 1, 1, 0], [0, 0, -1], [-1, -1], [1]])
+def test_even_win_sampling_matches_a_slow_reference(winners):
+    """ELF OpenGo's sampling: black's wins and white's drawn evenly however the buffer is split."""
+    winners = np.array(winners)
+    expected = slow_even_win_probabilities(winners)
+    shares = win_group_shares(winners)
+    assert np.allclose(shares, [expected[winners == c].sum() for c in (0, 1, -1)])
+    draws = 200_000
+    rows = sample_even_wins(winners, draws, np.random.default_rng(1))
+    assert len(rows) == draws
+    freq = np.bincount(rows, minlength=len(winners)) / draws
+    assert np.all(np.abs(freq - expected) < 4 * np.sqrt(expected * (1 - expected) / draws) + 1e-12)
 
 
 def test_alphazero_update_lowers_the_loss_on_a_fixed_batch_and_its_checkpoint_restores_it():
@@ -106,6 +131,31 @@ def test_env_rank_records_games_with_the_search_policy_and_each_players_outcome(
     metrics = runner.run()
     assert metrics[M.GO_GAMES] >= 1 and metrics[M.REPLAY_POSITIONS] >= config.alphazero.min_positions
     assert open_run(tmp_path / "serial").checkpoint_versions[-1] == 2
+
+
+def test_gating_plays_candidates_between_selfplay_batches_and_promotes_only_winners(tmp_path):
+    """With gating (env.go.gating.games) the inference role plays each candidate against the self-play network a
+    search step at a time; self-play moves on meanwhile with the network that last won, and the metrics report it."""
+    set_torch_threads()
+    config = go5(tmp_path, "run_name=gate", "pipeline.max_versions=1000", "env.go.gating.games=2",
+                 "env.go.gating.opening=2", "env.go.max_game_length=8")
+    runner = SerialRunner(config)
+    log = []
+
+    def on_update(runner, metrics):
+        inference = runner.inference
+        log.append((inference.version, inference.gate_stats["gate_promoted"], inference.match is not None))
+        return inference.gate_stats["gate_matches"] >= 2
+
+    metrics = runner.run(on_update)
+    stats = runner.inference.gate_stats
+    assert stats["gate_matches"] >= 2 and 0 <= stats["gate_score"] <= 1
+    assert metrics[M.GATE_MATCHES] == stats["gate_matches"] and metrics[M.GATE_SCORE] == stats["gate_score"]
+    assert metrics[M.GATE_SELFPLAY_VERSION] == runner.inference.version
+    # the self-play version changes only when a candidate wins, and then to that candidate
+    for (version, promoted, _), (after, promoted_after, _) in zip(log, log[1:]):
+        assert (after != version) == (promoted_after > promoted) and after >= version
+    assert any(busy for _, _, busy in log)  # versions were trained while a match was under way
 
 
 @pytest.mark.mpi

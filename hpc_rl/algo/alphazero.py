@@ -1,5 +1,6 @@
 """AlphaZero's learner for Go (AlphaGo Zero, ELF OpenGo): a FIFO replay buffer of self-play positions and the update
-``(z - v)^2 - pi . log p + c ||theta||^2`` on minibatches drawn uniformly from it, as a learner rank runs them.
+``(z - v)^2 - pi . log p + c ||theta||^2`` on minibatches drawn from it, as a learner rank runs them: uniformly
+(AlphaGo Zero), or black's wins and white's evenly (ELF OpenGo, ``sample_even_wins``).
 
 With several learners in lockstep, ``allreduce_sum`` sums a tensor over them: gradients are averaged before the
 optimiser's step and batch norm's running statistics after it, so every learner holds the same network.
@@ -19,9 +20,31 @@ from hpc_rl.model.go_net import GoNet, alphazero_loss
 from hpc_rl.model.tree import to_numpy_tree, to_torch_tree
 
 
+def win_group_shares(winners: np.ndarray) -> tuple[float, float, float]:
+    """The shares of a minibatch drawn from positions of games black won, white won, and drawn, under ELF OpenGo's
+    remedy for a self-play that drifts to one colour's wins (its value head then calls every position lost for the
+    other, and the games collapse into early resignations): draws keep their share of the buffer, the decided
+    positions are split evenly between black's wins and white's (all to one colour while the other has none)."""
+    winners = np.asarray(winners)
+    black, white = int((winners == 0).sum()), int((winners == 1).sum())
+    draw = 1.0 - (black + white) / len(winners)
+    decided = 1.0 - draw
+    if black and white:
+        return decided / 2, decided / 2, draw
+    return (decided, 0.0, draw) if black else (0.0, decided, draw)
+
+
+def sample_even_wins(winners: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` rows of ``winners`` (each row's game's winner: 0 black, 1 white, -1 a draw), with replacement: how many
+    from each group by ``win_group_shares``, uniformly within the group."""
+    counts = rng.multinomial(n, win_group_shares(winners))
+    return np.concatenate([rng.choice(np.flatnonzero(winners == w), k) for w, k in zip((0, 1, -1), counts) if k])
+
+
 class ReplayBuffer:
     """The positions of recent games, first in first out: ``capacity`` positions; a new one replaces the oldest.
-    ``sample`` draws uniformly over those held (with replacement, as AlphaGo Zero's "sampled uniformly")."""
+    ``sample`` draws uniformly over those held (with replacement, as AlphaGo Zero's "sampled uniformly"), or with
+    ``even_wins`` black's wins and white's evenly (``sample_even_wins``)."""
 
     def __init__(self, capacity: int, board_size: int, num_planes: int):
         self.capacity = capacity
@@ -30,12 +53,13 @@ class ReplayBuffer:
         self.pi = np.zeros((capacity, points + 1), np.float32)
         self.z = np.zeros(capacity, np.float32)
         self.version = np.zeros(capacity, np.int64)  # the network version that played the position
+        self.winner = np.zeros(capacity, np.int64)  # its game's winner: 0 black, 1 white, -1 a draw
         self.size = 0
         self.next = 0  # the slot the next position goes to: the oldest once the buffer is full
         self.added = 0  # positions ever added
 
-    def add(self, planes: np.ndarray, pi: np.ndarray, z: np.ndarray, version: np.ndarray) -> None:
-        """Append one game's (or any run of) positions in order."""
+    def add(self, planes: np.ndarray, pi: np.ndarray, z: np.ndarray, version: np.ndarray, winner: int) -> None:
+        """Append one game's positions in order; ``winner``: the game's (0 black, 1 white, -1 a draw)."""
         n = len(z)
         if n > self.capacity:  # only the newest fit
             planes, pi, z, version = planes[-self.capacity:], pi[-self.capacity:], z[-self.capacity:], \
@@ -44,6 +68,7 @@ class ReplayBuffer:
             n = self.capacity
         rows = (self.next + np.arange(n)) % self.capacity
         self.planes[rows], self.pi[rows], self.z[rows], self.version[rows] = planes, pi, z, version
+        self.winner[rows] = winner
         self.next = (self.next + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
         self.added += n
@@ -53,10 +78,14 @@ class ReplayBuffer:
         start = self.next if self.size == self.capacity else 0
         return (start + np.arange(self.size)) % self.capacity
 
-    def sample(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    def black_win_share(self) -> float:
+        """The share of the positions held that come from games black won."""
+        return float((self.winner[:self.size] == 0).mean()) if self.size else 0.0
+
+    def sample(self, n: int, rng: np.random.Generator, even_wins: bool = False) -> dict[str, np.ndarray]:
         if self.size == 0:
             raise ValueError("sampling an empty replay buffer")
-        rows = rng.integers(0, self.size, n)
+        rows = sample_even_wins(self.winner[:self.size], n, rng) if even_wins else rng.integers(0, self.size, n)
         return {"planes": self.planes[rows], "pi": self.pi[rows], "z": self.z[rows], "version": self.version[rows]}
 
 

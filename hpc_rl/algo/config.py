@@ -77,7 +77,7 @@ class AlphaZeroConfig:
     """The Go learners' hyperparameters (``env.name=go``; hpc_rl.algo.alphazero): AlphaGo Zero's loss
     (z - v)^2 - pi . log p + c ||theta||^2 on minibatches drawn uniformly from a FIFO replay buffer of the positions of
     recent self-play games. ELF OpenGo: SGD with momentum 0.9, c = 1e-4, learning rate 0.01 dropped tenfold twice,
-    a buffer of the latest 500,000 games; no gating (AlphaZero, ELF)."""
+    a buffer of the latest 500,000 games, black's and white's wins sampled evenly; no gating (AlphaZero, ELF)."""
 
     replay_positions: int = 500_000  # each learner's buffer, in positions (ELF keeps games: ~0.5M games of ~200 moves)
     min_positions: int = 10_000  # no update before every learner holds this many
@@ -91,6 +91,8 @@ class AlphaZeroConfig:
     # Positions sampled by the updates / positions received the learners keep to: on few cores the learners would
     # otherwise train each game's positions hundreds of times while the games are played (None: no throttle).
     target_reuse: float | None = 8.0
+    # Minibatches draw black's wins and white's evenly (ELF OpenGo), not uniformly over the buffer (AlphaGo Zero).
+    even_wins: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lr_drops", tuple(int(v) for v in self.lr_drops))  # Hydra gives a list

@@ -1,5 +1,6 @@
 """Go's settings, importable without numba or torch (``hpc_rl.config`` composes them): the game, the search of
-every move (``PUCTConfig``, run by ``hpc_rl.envs.go_search``) and the network (``GoNetConfig``)."""
+every move (``PUCTConfig``, run by ``hpc_rl.envs.go_search``), the network (``GoNetConfig``) and the gating of new
+networks (``GatingConfig``)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,15 @@ class PUCTConfig:
     dirichlet_weight: float = 0.25  # epsilon: P = (1 - epsilon) p + epsilon eta at the root; 0: no noise
     temperature: float = 1.0  # moves drawn from N^(1 / temperature); 0: the most visited (ELF: 1 for all moves)
     greedy_after: int | None = None  # from this move on, the most visited (AlphaGo Zero, AlphaZero: 30); None: never
-    # Resign when the search's value is below it; None: never. AlphaGo Zero moves it to keep the calibration games'
-    # false positives under 5% (resign_false_positives); -0.9 is a starting point, not a paper's figure.
+    # A player resigns when the search's value for it is below the threshold. None: nobody ever resigns. With
+    # resign_false_positives None, this fixed threshold; with a target, the calibrated one, never above this cap.
     resign_threshold: float | None = -0.9
     resign_playout_share: float = 0.1  # games that never resign, to measure the threshold's false positives (AGZ)
+    # AlphaGo Zero's calibration: the threshold is the highest at which at most this share of the last
+    # resign_calibration_games calibration games (played out) would have seen the player who did not lose resign;
+    # nobody resigns before that many are in (every game is played out until then). None: the fixed threshold.
+    resign_false_positives: float | None = 0.05
+    resign_calibration_games: int = 100
 
     def __post_init__(self) -> None:
         if self.simulations < 2:
@@ -44,7 +50,34 @@ class PUCTConfig:
             raise ValueError(f"greedy_after must be >= 0 or None, got {self.greedy_after}")
         if self.resign_threshold is not None and not -1 <= self.resign_threshold <= 1:
             raise ValueError(f"resign_threshold must lie in [-1, 1] or be None, got {self.resign_threshold}")
+        if self.resign_false_positives is not None and not 0 <= self.resign_false_positives < 1:
+            raise ValueError(f"resign_false_positives must lie in [0, 1) or be None, got {self.resign_false_positives}")
+        if self.resign_calibration_games < 1:
+            raise ValueError(f"resign_calibration_games must be >= 1, got {self.resign_calibration_games}")
 
+
+
+@dataclass(frozen=True)
+class GatingConfig:
+    """AlphaGo Zero's gating: a candidate network (each newly published version, while no match is under way) plays
+    ``games`` games against the self-play network, colours alternating, and replaces it only if it scores at least
+    ``win_rate``. Off by default (``games`` 0: self-play always uses the newest network), as in ELF OpenGo and
+    AlphaZero. The matches search as self-play does, without root noise, the most visited move after the first
+    ``opening`` moves of a game, which are drawn from the visit counts at temperature 1 (so that the games between
+    two deterministic networks differ)."""
+
+    games: int = 0
+    win_rate: float = 0.55  # AlphaGo Zero's margin
+    opening: int = 6
+
+    def __post_init__(self) -> None:
+        if self.games < 0 or self.games % 2:
+            raise ValueError(f"games must be even (each network black in half) and >= 0 (0: no gating), got "
+                             f"{self.games}")
+        if not 0 < self.win_rate <= 1:
+            raise ValueError(f"win_rate must lie in (0, 1], got {self.win_rate}")
+        if self.opening < 0:
+            raise ValueError(f"opening must be >= 0, got {self.opening}")
 
 
 @dataclass(frozen=True)
@@ -57,6 +90,7 @@ class GoConfig:
     max_game_length: int = 0  # moves, passes included; 0: the engine's 2 * size^2
     search: PUCTConfig = field(default_factory=PUCTConfig)
     net: GoNetConfig = field(default_factory=GoNetConfig)
+    gating: GatingConfig = field(default_factory=GatingConfig)
 
     def __post_init__(self) -> None:
         if not BOARD_SIZES[0] <= self.board_size <= BOARD_SIZES[1]:

@@ -8,12 +8,14 @@ the game has ended takes its true result instead); the caller evaluates them in 
 ``expand_and_backup(priors, values)`` expands those leaves and backs every path up, removing its virtual loss. After
 ``simulations`` selections per game (the first expands the root), ``choose()`` gives each game's move, the policy
 target π (the root's visit distribution) and the value the search sees for the player to move (for resignation).
-``SelfPlay`` steps whole self-play games with it the same way (what an env rank runs: ``hpc_rl.roles.go``), and
-``play_games`` drives those to their ends in one process. The settings (``PUCTConfig``) live in ``go_config.py``,
-which imports no numba, so a run's config composes without it.
+``SelfPlay`` steps whole self-play games with it the same way (what an env rank runs: ``hpc_rl.roles.go``), with
+AlphaGo Zero's calibrated resignation (``calibrated_resign_threshold``), and ``play_games`` drives those to their
+ends in one process; ``Match`` steps games between two networks (gating, on an inference rank). The settings
+(``PUCTConfig``) live in ``go_config.py``, which imports no numba, so a run's config composes without it.
 
-The maths are pure functions (``puct_score``, ``add_virtual_loss``, ``backup``, ``mix_noise``, ``visit_policy``).
-A node's statistics are its visit count N and value sum W, both for the player who moved into it, and its prior P.
+The maths are pure functions (``puct_score``, ``add_virtual_loss``, ``backup``, ``mix_noise``, ``visit_policy``,
+``calibrated_resign_threshold``). A node's statistics are its visit count N and value sum W, both for the player who
+moved into it, and its prior P.
 
 numba caches each file's kernels and notices edits of that file only; the kernels here therefore call nothing of
 ``go.py``: positions are built through ``GoGames``' own methods (``copy_from``, ``play_sequences``, ``terminal``,
@@ -22,7 +24,8 @@ numba caches each file's kernels and notices edits of that file only; the kernel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
@@ -84,6 +87,18 @@ def visit_policy(visits: np.ndarray, temperature: float) -> np.ndarray:
     top = visits.max(-1, keepdims=True)
     scaled = (visits / np.where(top > 0, top, 1.0)) ** (1.0 / temperature)  # scaled first: N^(1/T) overflows
     return scaled / scaled.sum(-1, keepdims=True)
+
+
+def calibrated_resign_threshold(survivor_min_values, target: float) -> float:
+    """AlphaGo Zero's resignation threshold from calibration games (played out, nobody resigning): the highest
+    threshold t at which at most a share ``target`` of them would have seen a player who did not go on to lose resign,
+    i.e. had a search value below t. ``survivor_min_values``: per calibration game, the lowest value the search gave
+    the player who did not lose (the winner; in a draw, either). A player resigns when its value is below t, so with
+    the values sorted, t is the (floor(target n) + 1)-th lowest: below it lie at most floor(target n) games."""
+    values = np.sort(np.asarray(survivor_min_values, dtype=np.float64))
+    if values.size == 0:
+        raise ValueError("no calibration games to choose a resignation threshold from")
+    return float(values[int(np.floor(target * values.size))])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -223,6 +238,7 @@ class PUCTSearch:
         self.simulations = np.zeros(self.num_games, dtype=np.int64)  # selections this move
         self.rows = np.zeros(0, dtype=np.int64)
         self.games: GoGames | None = None
+        self.leaf_games = np.zeros(0, dtype=np.int64)  # the game of each leaf the last select() returned
         self._pending = None
 
     def start(self, games: GoGames, rows) -> None:
@@ -274,6 +290,7 @@ class PUCTSearch:
         eval_row = np.full(n, -1, dtype=np.int64)
         eval_row[evaluate] = np.arange(len(evaluate))
         legal = self.leaves.legal_mask()[evaluate]
+        self.leaf_games = self._leaf_game[evaluate]
         self._pending = (n, values, eval_row, evaluate, legal)
         return input_planes(self.leaves, evaluate, legal), legal
 
@@ -386,8 +403,11 @@ class SelfPlay:
 
     Row ``i`` searches with ``seeds[i]``'s stream (``PUCTSearch``) and draws whether its k-th game is a calibration
     game (no resignation; share ``resign_playout_share``) from ``np.random.default_rng([seeds[i], 1])`` for its first
-    game, ``[seeds[i], 1, k]`` after. A player resigns when the search's value for it is below
-    ``resign_threshold``; the opponent wins."""
+    game, ``[seeds[i], 1, k]`` after. A player resigns when the search's value for it is below ``threshold``; the
+    opponent wins. The threshold is ``resign_threshold``, or with ``resign_false_positives`` the calibrated one
+    (``calibrated_resign_threshold`` over the last ``resign_calibration_games`` calibration games, capped at
+    ``resign_threshold``), None until that many are in: a game that starts without a threshold is played out and
+    is a calibration game."""
 
     def __init__(self, config: PUCTConfig, seeds, board_size: int = 9, komi: float = 7.5,
                  max_game_length: int | None = None, restart: bool = False):
@@ -397,17 +417,33 @@ class SelfPlay:
         self.games = GoGames(n, board_size, komi, max_game_length)
         self.search = PUCTSearch(config, self.seeds, board_size, komi, max_game_length)
         self.started = np.zeros(n, dtype=np.int64)  # games started in each row
+        # Per calibration game ended, the lowest search value of the player who did not lose, the newest last.
+        self.survivor_min_values: deque[float] = deque(maxlen=config.resign_calibration_games)
+        self.threshold = self._threshold()
         self.playout = np.array([self._calibration(r) for r in range(n)])
+        self.min_value = np.full((n, 2), np.inf)  # each player's lowest search value in the row's game so far
         self.would_resign = np.full(n, -1)
         self.history: list[list[tuple]] = [[] for _ in range(n)]
         self.active = np.arange(n)
         self.moves = 0  # moves searched so far, over every row (a resignation counts as its row's last)
         self.search.start(self.games, self.active)
 
-    def _calibration(self, row: int) -> bool:
+    def _threshold(self) -> float | None:
+        """The resignation threshold in force: fixed, or calibrated once enough calibration games are in."""
         cfg = self.config
+        if cfg.resign_threshold is None or cfg.resign_false_positives is None:
+            return cfg.resign_threshold
+        if len(self.survivor_min_values) < cfg.resign_calibration_games:
+            return None
+        return min(calibrated_resign_threshold(self.survivor_min_values, cfg.resign_false_positives),
+                   cfg.resign_threshold)
+
+    def _calibration(self, row: int) -> bool:
+        """Whether the row's next game is played out (the draw is made even when no threshold is in force, so a
+        row's stream does not depend on when calibration ends)."""
         key = [self.seeds[row], 1] + ([int(self.started[row])] if self.started[row] else [])
-        return cfg.resign_threshold is None or np.random.default_rng(key).random() < cfg.resign_playout_share
+        drawn = np.random.default_rng(key).random() < self.config.resign_playout_share
+        return self.threshold is None or drawn
 
     @property
     def done(self) -> bool:
@@ -432,7 +468,8 @@ class SelfPlay:
         planes = input_planes(games, active)
         for i, g in enumerate(active):
             self.history[g].append((planes[i], choice.pi[i], to_play[i], choice.actions[i], version))
-        losing = (choice.values < config.resign_threshold if config.resign_threshold is not None
+        np.minimum.at(self.min_value, (active, to_play), choice.values)
+        losing = (choice.values < self.threshold if self.threshold is not None
                   else np.zeros(len(active), dtype=bool))
         first = losing & self.playout[active] & (self.would_resign[active] < 0)
         self.would_resign[active[first]] = to_play[first]
@@ -446,12 +483,17 @@ class SelfPlay:
         winner[ended] = np.where(black > 0, 0, np.where(black < 0, 1, -1))
         finished = np.sort(np.concatenate([active[resign], ended]))
         records = [(int(g), self._record(g, int(winner[g]), bool(np.isin(g, active[resign])))) for g in finished]
+        for g in finished[self.playout[finished]]:  # the player who did not lose: the winner; in a draw, either
+            self.survivor_min_values.append(float(self.min_value[g].min() if winner[g] < 0
+                                                  else self.min_value[g, winner[g]]))
+        self.threshold = self._threshold()
         if self.restart and finished.size:
             games.reset(finished)
             self.started[finished] += 1
             for g in finished:
                 self.playout[g] = self._calibration(g)
                 self.would_resign[g] = -1
+                self.min_value[g] = np.inf
                 self.history[g] = []
             self.active = active
         else:
@@ -481,9 +523,66 @@ def play_games(evaluate, seeds, board_size: int = 9, komi: float = 7.5, config: 
     return records
 
 
+def evaluation_config(config: PUCTConfig, opening: int = 0) -> PUCTConfig:
+    """``config``'s search at evaluation play (a ladder's network player, a gating match): no root noise, the most
+    visited move, except that a game's first ``opening`` moves are drawn from the visit counts at temperature 1."""
+    return replace(config, dirichlet_weight=0.0, temperature=1.0 if opening else 0.0, greedy_after=opening or None)
+
+
+class Match:
+    """Games between two networks, player 0 (the candidate) and player 1, stepped as ``SelfPlay`` is, so that an
+    inference rank can play them between its self-play batches (AlphaGo Zero's gating):
+
+        match.step((evaluate_0, evaluate_1))     # one search step of every game: each leaf by its mover's network
+        match.done, match.score()                # player 0's points per game (a draw half) once every game ended
+
+    Player 0 plays black in the even games. A move's tree belongs to the player to move at its root, so every leaf
+    of it is evaluated by that player's network. Game ``g`` draws its sampled moves from ``[seed, g]``'s stream."""
+
+    def __init__(self, config: PUCTConfig, num_games: int, seed: int, board_size: int = 9, komi: float = 7.5,
+                 max_game_length: int | None = None):
+        self.games = GoGames(num_games, board_size, komi, max_game_length)
+        self.search = PUCTSearch(config, [[seed, g] for g in range(num_games)], board_size, komi, max_game_length)
+        self.colour = np.arange(num_games) % 2  # player 0's colour in each game
+        self.active = np.arange(num_games)
+        self.search.start(self.games, self.active)
+
+    @property
+    def done(self) -> bool:
+        return self.active.size == 0
+
+    def step(self, evaluators) -> None:
+        """One search step of every unfinished game, ``evaluators[p](planes, legal) -> (priors, values)`` answering
+        the leaves of player ``p``'s trees; the moves are played once every game's search of this move is done."""
+        planes, legal = self.search.select()
+        games = self.search.leaf_games
+        mover = (self.games.to_play[games] != self.colour[games]).astype(np.int64)  # 0 where player 0 is to move
+        priors, values = np.zeros(legal.shape), np.zeros(len(legal))
+        for p in (0, 1):
+            mine = mover == p
+            if mine.any():
+                priors[mine], values[mine] = evaluators[p](planes[mine], legal[mine])
+        self.search.expand_and_backup(priors, values)
+        if self.search.done:
+            choice = self.search.choose()
+            self.games.play_sequences(self.active, choice.actions[:, None], np.ones(len(self.active), np.int64))
+            self.active = self.active[~self.games.terminal[self.active]]
+            if self.active.size:
+                self.search.start(self.games, self.active)
+
+    def score(self) -> float:
+        """Player 0's points per game: a win 1, a draw 1/2."""
+        if not self.done:
+            raise RuntimeError("score() before every game of the match has ended")
+        black = self.games.returns()[:, 0]
+        mine = np.where(self.colour == 0, black, -black)
+        return float(((mine + 1) / 2).mean())
+
+
 def resign_false_positives(records: list[GameRecord]) -> tuple[int, int]:
     """(calibration games in which a player would have resigned and went on to win or draw, calibration games in
-    which one would have resigned): AlphaGo Zero keeps the first below 5% of the second by moving the threshold."""
+    which one would have resigned), at the threshold in force during each game: the wrong resignations among those
+    the threshold would have made, which the calibration (``calibrated_resign_threshold``) keeps rare."""
     would = [r for r in records if r.playout and r.would_resign >= 0]
     return sum(r.winner != 1 - r.would_resign for r in would), len(would)
 

@@ -12,8 +12,10 @@ Specs are ``kind`` or ``kind:key=value,...``; the kinds (``PLAYER_KINDS``; a new
 - ``net:run=RUN_DIR,version=V,sims=N`` / ``net:...,sec=S``: a Go training run's network (committed checkpoint ``V``
   of ``RUN_DIR``, read only) playing the most visited move of its PUCT search (``hpc_rl.envs.go_search``) without
   root noise: evaluation play, as AlphaGo Zero's evaluator and ELF OpenGo's ladder play. Its search takes the run's
-  ``c_puct`` and virtual loss; ``c_puct=`` overrides it. The spec names run and version, so a ladder's results
-  tell the versions apart.
+  ``c_puct`` and virtual loss; ``c_puct=`` overrides it. ``opening=K``: the game's first K moves (both players'),
+  where it is to move, drawn from its search's visit counts at temperature 1 from its seeded stream (ELF OpenGo
+  samples the opening moves so that games between two deterministic networks differ). The spec names run and
+  version, so a ladder's results tell the versions apart.
 
 Both rollout searches take ``uct_c`` (default 2) and ``rollouts`` (random playouts per leaf, default 1); every
 search takes either a fixed ``sims`` per move or ``sec``, wall-clock seconds per move (ELF OpenGo compares players at
@@ -44,7 +46,7 @@ import numpy as np
 import yaml
 
 from hpc_rl.envs.go import GoGames, RolloutMCTS
-from hpc_rl.envs.go_search import PUCTSearch
+from hpc_rl.envs.go_search import PUCTSearch, evaluation_config
 
 PROBE_SIMULATIONS = 64  # a time-limited rollout search's first search, which measures its rate
 NET_PROBE_SIMULATIONS = 8  # the network player's: each simulation is a forward pass of the network
@@ -219,10 +221,11 @@ def load_go_net(run_dir: str, version: int):
 
 class NetPlayer:
     """A trained ``GoNet`` at evaluation play: the most visited move of its PUCT search at ``sims`` simulations a
-    move (or paced to ``seconds``), no root noise, temperature 0, never resigning (a ladder plays games out)."""
+    move (or paced to ``seconds``), no root noise, never resigning (a ladder plays games out); before move
+    ``opening`` of the game, a move drawn from the visit counts (temperature 1) from the ``seed``'s stream."""
 
     def __init__(self, name: str, seed: int, board_size: int, komi: float, run_dir: str, version: int,
-                 sims: int | None, seconds: float | None, c_puct: float | None):
+                 sims: int | None, seconds: float | None, c_puct: float | None, opening: int = 0):
         from hpc_rl.model.go_net import NetEvaluator  # torch: imported by ladders that rate a network only
 
         net, go = load_go_net(run_dir, version)
@@ -231,9 +234,8 @@ class NetPlayer:
                              f"komi {go.komi}; this ladder plays {board_size}x{board_size} at komi {komi}")
         self.name, self.simulations = name, 0
         self.evaluate = NetEvaluator(net)
-        self.config = replace(go.search, simulations=sims or MIN_SIMULATIONS, dirichlet_weight=0.0, temperature=0.0,
-                              greedy_after=None, resign_threshold=None, leaves_per_game=1,
-                              c_puct=go.search.c_puct if c_puct is None else c_puct)
+        self.config = replace(evaluation_config(go.search, opening), simulations=sims or MIN_SIMULATIONS,
+                              leaves_per_game=1, c_puct=go.search.c_puct if c_puct is None else c_puct)
         self.seed = seed
         self.search: PUCTSearch | None = None
         self.position: GoGames | None = None  # the game being searched, copied: the search owns its games' rows
@@ -278,7 +280,7 @@ def _search_settings(kind: str, options: dict) -> tuple[float, int, int | None, 
 
 
 SEARCH_OPTIONS = {"sims": int, "sec": float, "uct_c": float, "rollouts": int}
-NET_OPTIONS = {"run": str, "version": int, "sims": int, "sec": float, "c_puct": float}
+NET_OPTIONS = {"run": str, "version": int, "sims": int, "sec": float, "c_puct": float, "opening": int}
 
 
 def _make_net_player(name: str, options: dict, size: int, komi: float, seed: int) -> NetPlayer:
@@ -288,8 +290,10 @@ def _make_net_player(name: str, options: dict, size: int, komi: float, seed: int
     _, _, sims, seconds = _search_settings("net", {k: v for k, v in options.items() if k in ("sims", "sec")})
     if options.get("c_puct", 0.0) < 0:
         raise ValueError(f"net: c_puct must be >= 0, got {options['c_puct']}")
+    if options.get("opening", 0) < 0:
+        raise ValueError(f"net: opening must be >= 0 (moves drawn at temperature 1), got {options['opening']}")
     return NetPlayer(name, seed, size, komi, options["run"], options["version"], sims, seconds,
-                     options.get("c_puct"))
+                     options.get("c_puct"), options.get("opening", 0))
 
 
 PLAYER_KINDS: dict[str, PlayerKind] = {
@@ -302,11 +306,14 @@ PLAYER_KINDS: dict[str, PlayerKind] = {
 }
 
 
-def net_spec(run_dir: str, version: int, sims: int | None = None, seconds: float | None = None) -> str:
-    """The spec of version ``version`` of the run in ``run_dir`` at ``sims`` simulations or ``seconds`` a move."""
+def net_spec(run_dir: str, version: int, sims: int | None = None, seconds: float | None = None,
+             opening: int = 0) -> str:
+    """The spec of version ``version`` of the run in ``run_dir`` at ``sims`` simulations or ``seconds`` a move, its
+    first ``opening`` moves sampled."""
     if "," in str(run_dir):
         raise ValueError(f"{run_dir}: a run directory named in a player spec cannot hold a comma")
-    return f"net:run={run_dir},version={version}," + (f"sims={sims}" if seconds is None else f"sec={seconds}")
+    return (f"net:run={run_dir},version={version}," + (f"sims={sims}" if seconds is None else f"sec={seconds}")
+            + (f",opening={opening}" if opening else ""))
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:

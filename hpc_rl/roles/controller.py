@@ -146,8 +146,8 @@ def resume_pool(layout: RunLayout, resume_version: int, pool: OpponentPool, keep
 def selfplay_metrics(env: list[dict], seconds: float) -> dict[str, float]:
     """Go's self-play figures from the env ranks' counters (``hpc_rl.roles.go.GoEnvWorker``), since this job
     started."""
-    total = {k: float(sum(s.get(k, 0) for s in env)) for k in ("games", "env_steps", "resigned", "game_moves",
-                                                              "calibration_would_resign",
+    total = {k: float(sum(s.get(k, 0) for s in env)) for k in ("games", "env_steps", "resigned", "black_wins",
+                                                              "game_moves", "calibration_would_resign",
                                                               "calibration_false_positives")}
     games = total["games"]
     out = {M.GO_GAMES: games, M.GO_POSITIONS: total["env_steps"],
@@ -156,8 +156,28 @@ def selfplay_metrics(env: list[dict], seconds: float) -> dict[str, float]:
     if games:
         out[M.GO_RESIGNED] = total["resigned"] / games
         out[M.GO_GAME_LENGTH] = total["game_moves"] / games
+        out[M.GO_BLACK_WINS] = total["black_wins"] / games
+    thresholds = [s["resign_threshold"] for s in env if s.get("resign_threshold") is not None]
+    if thresholds:  # each env rank calibrates its own: their mean, over the ranks where one is in force
+        out[M.GO_RESIGN_THRESHOLD] = float(np.mean(thresholds))
     if total["calibration_would_resign"]:
         out[M.GO_RESIGN_FALSE_POSITIVES] = total["calibration_false_positives"] / total["calibration_would_resign"]
+    return out
+
+
+def gating_metrics(inference: list[dict]) -> dict[str, float]:
+    """Go's gating figures from the inference ranks' reports (``hpc_rl.roles.go.GoInferenceWorker.gate``), which
+    play the same matches and agree: the self-play network's version, matches ended, candidates promoted, the last
+    match's score."""
+    gated = [s for s in inference if "gate_matches" in s]
+    if not gated:
+        return {}
+    out = {M.GATE_SELFPLAY_VERSION: float(min(s["version"] for s in gated)),
+           M.GATE_MATCHES: float(min(s["gate_matches"] for s in gated)),
+           M.GATE_PROMOTED: float(min(s["gate_promoted"] for s in gated))}
+    scores = [s["gate_score"] for s in gated if s["gate_score"] is not None]
+    if scores:
+        out[M.GATE_SCORE] = float(np.mean(scores))
     return out
 
 
@@ -338,6 +358,8 @@ class Controller:
             metrics[M.EPISODE_RETURN] = returns / episodes
         if self.config.env.is_go:
             metrics.update(selfplay_metrics(env, seconds))
+            if self.config.env.go.gating.games:
+                metrics.update(gating_metrics(inference))
         if episodes and lengths:
             metrics[M.EPISODE_LENGTH] = lengths / episodes
         if self.populations > 1:  # each population's agents' episodes (env ranks count them per population)

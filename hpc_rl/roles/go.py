@@ -4,8 +4,10 @@ MOBA's job.
     env rank:       SelfPlay of env.num_envs games and their search trees; every search step: send the leaves'
                     planes and legal moves, receive priors and values, back them up; when a move's search is done in
                     every game, play the moves; put every finished game's record into a learner's ring (round-robin)
-    inference rank: one batch of the leaves of all its env ranks through the latest published GoNet; reply with the
-                    priors (softmax over the legal moves) and values, and the network's version
+    inference rank: one batch of the leaves of all its env ranks through the self-play GoNet (the latest published,
+                    or with gating the last candidate that won its match); reply with the priors (softmax over the
+                    legal moves) and values, and the network's version; with gating, one search step of the match
+                    of a candidate against it between batches
     learner rank:   take whole games from its ring into a FIFO replay buffer of positions; in lockstep with the other
                     learners (the allreduced control vector), one AlphaZero update on a minibatch drawn uniformly
                     from it; learner 0 publishes, sends metrics and checkpoints to the controller
@@ -29,7 +31,7 @@ from hpc_rl.algo.alphazero import AlphaZeroLearner, ReplayBuffer
 from hpc_rl.config import TrainConfig
 from hpc_rl.data.batch import GameSchema, SegmentError
 from hpc_rl.envs.go import NUM_PLANES
-from hpc_rl.envs.go_search import GameRecord, SelfPlay
+from hpc_rl.envs.go_search import GameRecord, Match, SelfPlay, evaluation_config
 from hpc_rl.model.device import select_device
 from hpc_rl.model.go_net import GoNet, NetEvaluator
 from hpc_rl.roles.allreduce import Allreduce
@@ -69,8 +71,9 @@ class GoEnvWorker:
         self.count = 0
         self.next_ring = 0
         self.produced_ids: list[tuple[int, int, int]] = []  # (this rank, this rank, game number) of every game put
-        self.stats = dict.fromkeys(("env_steps", "games", "game_moves", "resigned", "calibration_would_resign",
-                                    "calibration_false_positives", "request_bytes", "segment_bytes"), 0)
+        self.stats = dict.fromkeys(("env_steps", "games", "game_moves", "resigned", "black_wins",
+                                    "calibration_would_resign", "calibration_false_positives", "request_bytes",
+                                    "segment_bytes"), 0)
 
     def run(self) -> None:
         self.start()
@@ -104,7 +107,9 @@ class GoEnvWorker:
         self.stats["env_steps"] = self.selfplay.moves
         for _, record in finished:
             self._ship(record)
-        self.link.beat({**self.stats, "seconds": time.monotonic() - self.started})
+        # resign_threshold None: nobody may resign now (calibrating, or never)
+        self.link.beat({**self.stats, "resign_threshold": self.selfplay.threshold,
+                        "seconds": time.monotonic() - self.started})
 
     def _ship(self, record: GameRecord) -> None:
         seq = len(self.produced_ids) + 1
@@ -116,6 +121,7 @@ class GoEnvWorker:
         self.stats["games"] += 1
         self.stats["game_moves"] += len(record.z)
         self.stats["resigned"] += int(record.resigned)
+        self.stats["black_wins"] += int(record.winner == 0)
         self.stats["segment_bytes"] += payload.nbytes
         if record.playout and record.would_resign >= 0:
             self.stats["calibration_would_resign"] += 1
@@ -123,8 +129,12 @@ class GoEnvWorker:
 
 
 class GoInferenceWorker:
-    """An inference rank's evaluations: every step, the leaves of all its env ranks in one batch through the latest
-    published network."""
+    """An inference rank's evaluations: every step, the leaves of all its env ranks in one batch through the
+    self-play network: the latest published one, or with gating (``env.go.gating.games``, AlphaGo Zero) the last
+    candidate that scored ``win_rate`` in its match against the one before. A match is played here, one search step
+    of all its games after each batch, so that self-play never waits for it; the candidate is the newest version
+    published when the last match ended (those published during a match are not played). Every inference rank
+    plays the same seeded matches between the same networks, so they agree on the self-play network."""
 
     def __init__(self, config: TrainConfig, env_ranks: list[int], exchange: StepExchange, params: ParameterChannel,
                  link: ControlLink, gpu_slot: int = 0):
@@ -141,6 +151,13 @@ class GoInferenceWorker:
         self.version = -1
         self.batches = self.leaves = 0
         self.infer_seconds = 0.0
+        self.gating = go.gating
+        if self.gating.games:
+            self.candidate = GoNet(go.net, go.board_size).to(self.device)
+            self.evaluate_candidate = NetEvaluator(self.candidate, self.device)
+        self.match: Match | None = None
+        self.candidate_version = -1
+        self.gate_stats = {"gate_matches": 0, "gate_promoted": 0, "gate_score": None}
 
     def run(self) -> None:
         self.start()
@@ -154,8 +171,11 @@ class GoInferenceWorker:
         self.started = time.monotonic()
 
     def serve(self, requests: dict[int, np.ndarray]) -> None:
-        newer = pull_parameters(self.params, self.link, self.config, self.net, wait=False)
-        self.version = self.version if newer is None else newer
+        if self.gating.games:
+            self.gate()
+        else:
+            newer = pull_parameters(self.params, self.link, self.config, self.net, wait=False)
+            self.version = self.version if newer is None else newer
         messages = {e: self.requests.unpack(p) for e, p in requests.items()}
         for e, m in messages.items():
             if m["stop"][0]:
@@ -178,7 +198,34 @@ class GoInferenceWorker:
             self.exchange.send_reply(e, self.replies.pack(self.reply, self.reply_buffer))
         self.link.beat({"version": self.version, "mean_batch": self.leaves / max(self.batches, 1), "passes": 1.0,
                         "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
-                        "seconds": time.monotonic() - self.started, "device": str(self.device)})
+                        "seconds": time.monotonic() - self.started, "device": str(self.device), **self.gate_stats})
+
+    def gate(self) -> None:
+        """AlphaGo Zero's gating, a step at a time: start a match when a newer candidate is published, else play one
+        search step of the match under way; once it ends, the candidate becomes the self-play network if it scored
+        ``win_rate``."""
+        go = self.config.env.go
+        if self.match is None:
+            newer = pull_parameters(self.params, self.link, self.config, self.candidate, wait=False)
+            if newer is not None and newer > self.version:
+                self.candidate_version = newer
+                self.match = Match(evaluation_config(go.search, self.gating.opening), self.gating.games,
+                                   seed_for(self.config.seed, 0, newer), go.board_size, go.komi,
+                                   go.max_game_length or None)
+            return
+        self.match.step((self.evaluate_candidate, self.evaluate))
+        if not self.match.done:
+            return
+        score = self.match.score()
+        promoted = score >= self.gating.win_rate
+        log.info("gating: version %d scored %.2f against version %d: %s", self.candidate_version, score,
+                 self.version, "now plays self-play" if promoted else "rejected")
+        if promoted:
+            self.net.load_state_dict(self.candidate.state_dict())
+            self.version = self.candidate_version
+        self.gate_stats = {"gate_matches": self.gate_stats["gate_matches"] + 1,
+                           "gate_promoted": self.gate_stats["gate_promoted"] + promoted, "gate_score": score}
+        self.match = None
 
 
 class GoLearnerWorker(LockstepLearner):
@@ -221,7 +268,7 @@ class GoLearnerWorker(LockstepLearner):
                     self.rejected += 1
                     log.warning("game from rank %d seq %d rejected: %s", seg.writer, seg.seq, err)
                     continue
-                self.buffer.add(record.planes, record.pi, record.z, record.versions)
+                self.buffer.add(record.planes, record.pi, record.z, record.versions, record.winner)
                 self.produced += len(record.z)
                 taken.append((seg.writer, env_rank, seq))
         finally:
@@ -243,7 +290,7 @@ class GoLearnerWorker(LockstepLearner):
         self.link.beat(self._stats())
         if not may_update(control, 1, self.target_reuse):
             return False
-        batch = self.buffer.sample(az.batch_size, self.rng)
+        batch = self.buffer.sample(az.batch_size, self.rng, az.even_wins)
         metrics = self.learner.update(batch["planes"], batch["pi"], batch["z"])
         self.consumed += az.batch_size
         version = self.learner.version
@@ -259,7 +306,8 @@ class GoLearnerWorker(LockstepLearner):
                             M.REUSE: consumed / max(control["produced"], 1.0),
                             M.REJECTED_SEGMENTS: control["rejected"], M.LEARNER_SAMPLES: consumed,
                             M.LEARNER_SAMPLES_PER_S: consumed / max(time.monotonic() - self.started, 1e-9),
-                            M.REPLAY_POSITIONS: float(self.buffer.size)})
+                            M.REPLAY_POSITIONS: float(self.buffer.size),
+                            M.BLACK_WIN_SHARE: self.buffer.black_win_share()})
             self.link.send((version, metrics), TAG_METRICS)
             if version % pipeline.checkpoint_every == 0 and not self.nonfinite_streak:
                 self.link.send((version, self.learner.checkpoint_sections()), TAG_CHECKPOINT)
