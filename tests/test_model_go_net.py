@@ -30,6 +30,20 @@ def test_planes_show_the_board_to_the_player_to_move():
     np.testing.assert_array_equal(input_planes(games, [1])[0, 0], games.boards()[1] == BLACK)
 
 
+def test_planes_tell_whether_a_pass_ends_the_game():
+    """The same board and player to move, once after the opponent's pass: a pass there ends the game (scored), so
+    the network must see the two apart; without it, a pass that wins by komi after black's is learned as white's
+    pass anywhere."""
+    games = GoGames(2, 5)
+    games.play_sequences([0, 1], [[12, 13, 25], [25, 13, 12]], [3, 3])  # B 12, W 13, B pass / B pass, W 13, B 12
+    np.testing.assert_array_equal(games.boards()[0], games.boards()[1])
+    assert games.to_play.tolist() == [1, 1]
+    planes = input_planes(games, [0, 1])
+    np.testing.assert_array_equal(planes[0, :5], planes[1, :5])
+    assert planes[0, 5].all() and not planes[1, 5].any()
+    assert games.clone().step([25, 25]).tolist() == [True, False]  # white's pass ends game 0 only
+
+
 def test_shapes_and_evaluator():
     torch.manual_seed(0)
     net = GoNet(GoNetConfig(blocks=2, filters=8), board_size=5)

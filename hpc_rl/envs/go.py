@@ -477,10 +477,14 @@ class GoGames:
 # ---------------------------------------------------------------------------------------------------------------------
 # The network's input (``hpc_rl.model.go_net``): planes of the board seen by the player to move, as AlphaGo Zero's
 # (its stones, the opponent's, a colour plane) with the legal points in place of its 7 past positions (the engine keeps
-# past boards as hashes only; the legal points carry what history told AlphaGo Zero's net about ko) and a plane of
-# ones, which marks the board's edge inside the convolutions' zero padding.
+# past boards as hashes only; the legal points carry what history told AlphaGo Zero's net about ko), a plane of
+# ones, which marks the board's edge inside the convolutions' zero padding, and a plane of ones where the opponent's
+# last move was a pass. That plane is what history told AlphaGo Zero's net about passes (two equal boards in a row):
+# after a pass, passing ends the game and scores the board, so the same board with the same player to move has
+# other values and other best moves. Without it the net cannot tell the two apart and learns one policy for both:
+# a pass that wins by komi after the opponent's pass is learned as a pass anywhere (docs/go.md, "Passes").
 
-PLANES = ("own stones", "opponent stones", "legal points", "black to play", "ones")
+PLANES = ("own stones", "opponent stones", "legal points", "black to play", "ones", "opponent passed")
 NUM_PLANES = len(PLANES)
 
 
@@ -500,6 +504,7 @@ def input_planes(games: GoGames, rows, legal: np.ndarray | None = None) -> np.nd
     out[:, 2] = legal[:, :s * s].reshape(-1, s, s)
     out[:, 3] = (to_play == 0)[:, None, None]
     out[:, 4] = 1.0
+    out[:, 5] = (games.meta[rows, PASSES] > 0)[:, None, None]  # a pass now ends the game
     return out
 
 
