@@ -105,8 +105,16 @@ def by_value(members: Sequence[Member]) -> dict[int, list[Member]]:
     return groups
 
 
-def interval(mean: float, low: float, high: float) -> str:
-    return f"{mean:.1f} [{low:.1f}, {high:.1f}]" if np.isfinite(low) else f"{mean:.1f}"
+def interval(mean: float, low: float, high: float, digits: int = 1) -> str:
+    """``mean [low, high]``; the mean alone where there is no interval (one seed), ``-`` without a mean."""
+    if not np.isfinite(mean):
+        return "-"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]" if np.isfinite(low) else f"{mean:.{digits}f}"
+
+
+def over_seeds(members: Sequence[Member], get, digits: int = 1) -> str:
+    """A figure's mean over the members (seeds) of one swept value, with its 95% interval."""
+    return interval(*seed_interval([get(m) for m in members]), digits=digits)
 
 
 # --- the rollouts ---------------------------------------------------------------------------------------------
@@ -148,15 +156,15 @@ def body(args: argparse.Namespace, out: Output) -> None:
     header = [key, "seed", "run", "version", "lifetime [95%]", "random's", "ratio", "distinct tiles per lifetime "
               "[95%]", "random's", "coverage", "random's", "tiles: JS between populations", "tiles: split-half JS",
               "styles: JS between populations", "styles: split-half JS"]
-    summary = [[value, len(ms), interval(*seed_interval([m.ratio for m in ms])),
-                interval(*seed_interval([m.tiles[0] for m in ms])),
-                fmt(seed_interval([m.coverage for m in ms])[0], 2),
-                fmt(seed_interval([m.tiles_between for m in ms])[0]),
-                fmt(seed_interval([m.tiles_split_half for m in ms])[0])] for value, ms in groups.items()]
+    summary = [[value, len(ms), over_seeds(ms, lambda m: m.ratio, 2), over_seeds(ms, lambda m: m.tiles[0]),
+                over_seeds(ms, lambda m: m.coverage, 2), over_seeds(ms, lambda m: m.tiles_between, 3),
+                over_seeds(ms, lambda m: m.tiles_split_half, 3), over_seeds(ms, lambda m: m.niche_excess, 3)]
+               for value, ms in groups.items()]
     out.table("sweep.md", f"Neural MMO sweep over {key}: the final evaluation's rollout, seed {seed}",
               markdown_table(header, rows) + "\nMean over seeds (95% interval with several seeds):\n\n"
               + markdown_table([key, "seeds", "lifetime ratio", "distinct tiles per lifetime", "coverage",
-                                "tiles: JS between populations", "tiles: split-half JS"], summary))
+                                "tiles: JS between populations", "tiles: split-half JS",
+                                "tiles: between minus split-half"], summary))
     out.figure("sweep.png", figure(key, groups))
 
 

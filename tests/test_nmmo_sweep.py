@@ -80,7 +80,7 @@ def test_script_on_two_runs_of_different_agent_caps(tmp_path):
     assert rows[0][0] == "env.nmmo.num_agents" and [r[0] for r in rows[1:3]] == ["4", "8"]
     for row in rows[1:3]:  # one population: no divergence between populations, a split-half baseline
         assert float(row[6]) > 0 and 0 < float(row[9]) <= 1 and row[11] == "-" and 0 < float(row[12]) <= 1
-    assert [r[:2] for r in rows[4:]] == [["4", "1"], ["8", "1"]]
+    assert [r[:2] for r in rows[4:]] == [["4", "1"], ["8", "1"]] and rows[4][-1] == "-"  # no niches with one
     assert (out / "sweep.png").stat().st_size > 0
     with pytest.raises(SystemExit) as usage:  # one run: no swept setting to tell
         sweep.run_script(sweep.parser(), sweep.body, [str(tmp_path / "agents8"), "--out", str(out)])
