@@ -10,8 +10,10 @@ checkpoint plays the rollout of the final evaluation (``hpc_rl.evaluation.nmmo_r
 on its own agents of ``--games`` worlds, by default the run's pipeline.final_eval_games, from the final evaluation's
 seed; then the random bot in the same worlds), so its lifetimes repeat summary.json's, and it adds what summary.json
 does not hold: the niche measures. Writes sweep.md (per member: the lifetimes and their ratio, distinct tiles per
-lifetime and coverage, each with the random bot's; the tile and style divergence between populations and the
-split-half baseline; then per swept value the mean over seeds with its 95% interval) and sweep.png (the same
+lifetime and coverage, each with the random bot's; the tile and style divergence between populations, the
+split-half baseline and, for tiles, the shuffled one (groups of the populations' sizes drawn from all agents:
+hpc_rl/envs/nmmo_measures.py); then per swept value the mean over seeds with its 95% interval, and how far the
+populations diverge beyond the shuffled baseline) and sweep.png (the same
 against the swept value: one dot per seed, the line through the means over seeds, their interval shaded where
 there are several seeds).
 """
@@ -56,6 +58,7 @@ class Member:
     random_coverage: float
     tiles_between: float | None  # JS divergence (bits) of the populations' tile distributions; None with one
     tiles_split_half: float | None
+    tiles_shuffled: float | None  # the divergence between groups of the populations' sizes drawn from all agents
     styles_between: float | None
     styles_split_half: float | None
 
@@ -65,10 +68,11 @@ class Member:
 
     @property
     def niche_excess(self) -> float | None:
-        """How far the populations' tile distributions diverge beyond the split-half baseline (> 0: niches)."""
-        if self.tiles_between is None or self.tiles_split_half is None:
+        """How far the populations' tile distributions diverge beyond groups of their sizes drawn from all agents
+        together (> 0: niches; the split-half baseline's halves are smaller than a population, so it sits higher)."""
+        if self.tiles_between is None or self.tiles_shuffled is None:
             return None
-        return self.tiles_between - self.tiles_split_half
+        return self.tiles_between - self.tiles_shuffled
 
 
 def swept_setting(configs: Sequence[dict], param: str | None = None) -> str:
@@ -134,7 +138,8 @@ def measure(path: Path, name: str, value: int, games: int | None, seed: int) -> 
     return Member(name, value, config.seed, ckpt.version, mean_ci95(policy.lifetimes), mean_ci95(random.lifetimes),
                   (explored["tiles_per_life"], *explored["tiles_per_life_ci95"]), random_explored["tiles_per_life"],
                   explored["coverage"], random_explored["coverage"], niches["tiles"]["between"],
-                  niches["tiles"]["split_half"], niches["styles"]["between"], niches["styles"]["split_half"])
+                  niches["tiles"]["split_half"], niches["tiles"]["shuffled"], niches["styles"]["between"],
+                  niches["styles"]["split_half"])
 
 
 def body(args: argparse.Namespace, out: Output) -> None:
@@ -151,26 +156,27 @@ def body(args: argparse.Namespace, out: Output) -> None:
     groups = by_value(members)
     rows = [[m.value, m.seed, m.name, m.version, interval(*m.lifetime), interval(*m.random_lifetime),
              f"{m.ratio:.2f}", interval(*m.tiles), f"{m.random_tiles:.1f}", fmt(m.coverage, 2),
-             fmt(m.random_coverage, 2), fmt(m.tiles_between), fmt(m.tiles_split_half), fmt(m.styles_between),
-             fmt(m.styles_split_half)] for ms in groups.values() for m in ms]
+             fmt(m.random_coverage, 2), fmt(m.tiles_between), fmt(m.tiles_split_half), fmt(m.tiles_shuffled),
+             fmt(m.styles_between), fmt(m.styles_split_half)] for ms in groups.values() for m in ms]
     header = [key, "seed", "run", "version", "lifetime [95%]", "random's", "ratio", "distinct tiles per lifetime "
               "[95%]", "random's", "coverage", "random's", "tiles: JS between populations", "tiles: split-half JS",
-              "styles: JS between populations", "styles: split-half JS"]
+              "tiles: shuffled JS", "styles: JS between populations", "styles: split-half JS"]
     summary = [[value, len(ms), over_seeds(ms, lambda m: m.ratio, 2), over_seeds(ms, lambda m: m.tiles[0]),
                 over_seeds(ms, lambda m: m.coverage, 2), over_seeds(ms, lambda m: m.tiles_between, 3),
-                over_seeds(ms, lambda m: m.tiles_split_half, 3), over_seeds(ms, lambda m: m.niche_excess, 3)]
+                over_seeds(ms, lambda m: m.tiles_split_half, 3), over_seeds(ms, lambda m: m.tiles_shuffled, 3),
+                over_seeds(ms, lambda m: m.niche_excess, 3)]
                for value, ms in groups.items()]
     out.table("sweep.md", f"Neural MMO sweep over {key}: the final evaluation's rollout, seed {seed}",
               markdown_table(header, rows) + "\nMean over seeds (95% interval with several seeds):\n\n"
               + markdown_table([key, "seeds", "lifetime ratio", "distinct tiles per lifetime", "coverage",
                                 "tiles: JS between populations", "tiles: split-half JS",
-                                "tiles: between minus split-half"], summary))
+                                "tiles: shuffled JS", "tiles: between minus shuffled"], summary))
     out.figure("sweep.png", figure(key, groups))
 
 
 def figure(key: str, groups: dict[int, list[Member]]):
     """Four panels against the swept value (log scale, base 2): lifetime ratio, distinct tiles per lifetime,
-    coverage, and the populations' tile divergence against the split-half baseline."""
+    coverage, and the populations' tile divergence against the split-half and shuffled baselines."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(17, 4))
     values = list(groups)
@@ -184,6 +190,7 @@ def figure(key: str, groups: dict[int, list[Member]]):
             line(ax, groups, random, "random bot", "grey")
         ax.set_ylabel(label)
     line(axes[3], groups, lambda m: m.tiles_split_half, "split-half baseline", "C1")
+    line(axes[3], groups, lambda m: m.tiles_shuffled, "shuffled baseline", "C2")
     for m in (m for ms in groups.values() for m in ms):  # the per-agent intervals of each seed's tiles
         axes[1].errorbar(m.value, m.tiles[0], yerr=[[m.tiles[0] - m.tiles[1]], [m.tiles[2] - m.tiles[0]]],
                          color="C0", capsize=3, lw=1)
