@@ -13,7 +13,7 @@ does not hold: the niche measures. Writes sweep.md (per member: the lifetimes an
 lifetime and coverage, each with the random bot's; the tile and style divergence between populations, the
 split-half baseline and, for tiles, the shuffled one (groups of the populations' sizes drawn from all agents:
 hpc_rl/envs/nmmo_measures.py); then per swept value the mean over seeds with its 95% interval, and how far the
-populations diverge beyond the shuffled baseline) and sweep.png (the same
+populations diverge beyond the shuffled baseline, with the p-value of the permutation test) and sweep.png (the same
 against the swept value: one dot per seed, the line through the means over seeds, their interval shaded where
 there are several seeds).
 """
@@ -59,6 +59,7 @@ class Member:
     tiles_between: float | None  # JS divergence (bits) of the populations' tile distributions; None with one
     tiles_split_half: float | None
     tiles_shuffled: float | None  # the divergence between groups of the populations' sizes drawn from all agents
+    tiles_shuffled_p: float | None  # the permutation test's p-value of tiles_between against those groups
     styles_between: float | None
     styles_split_half: float | None
 
@@ -138,8 +139,8 @@ def measure(path: Path, name: str, value: int, games: int | None, seed: int) -> 
     return Member(name, value, config.seed, ckpt.version, mean_ci95(policy.lifetimes), mean_ci95(random.lifetimes),
                   (explored["tiles_per_life"], *explored["tiles_per_life_ci95"]), random_explored["tiles_per_life"],
                   explored["coverage"], random_explored["coverage"], niches["tiles"]["between"],
-                  niches["tiles"]["split_half"], niches["tiles"]["shuffled"], niches["styles"]["between"],
-                  niches["styles"]["split_half"])
+                  niches["tiles"]["split_half"], niches["tiles"]["shuffled"], niches["tiles"]["shuffled_p"],
+                  niches["styles"]["between"], niches["styles"]["split_half"])
 
 
 def body(args: argparse.Namespace, out: Output) -> None:
@@ -157,10 +158,10 @@ def body(args: argparse.Namespace, out: Output) -> None:
     rows = [[m.value, m.seed, m.name, m.version, interval(*m.lifetime), interval(*m.random_lifetime),
              f"{m.ratio:.2f}", interval(*m.tiles), f"{m.random_tiles:.1f}", fmt(m.coverage, 2),
              fmt(m.random_coverage, 2), fmt(m.tiles_between), fmt(m.tiles_split_half), fmt(m.tiles_shuffled),
-             fmt(m.styles_between), fmt(m.styles_split_half)] for ms in groups.values() for m in ms]
+             fmt(m.tiles_shuffled_p, 2), fmt(m.styles_between), fmt(m.styles_split_half)] for ms in groups.values() for m in ms]
     header = [key, "seed", "run", "version", "lifetime [95%]", "random's", "ratio", "distinct tiles per lifetime "
               "[95%]", "random's", "coverage", "random's", "tiles: JS between populations", "tiles: split-half JS",
-              "tiles: shuffled JS", "styles: JS between populations", "styles: split-half JS"]
+              "tiles: shuffled JS", "p", "styles: JS between populations", "styles: split-half JS"]
     summary = [[value, len(ms), over_seeds(ms, lambda m: m.ratio, 2), over_seeds(ms, lambda m: m.tiles[0]),
                 over_seeds(ms, lambda m: m.coverage, 2), over_seeds(ms, lambda m: m.tiles_between, 3),
                 over_seeds(ms, lambda m: m.tiles_split_half, 3), over_seeds(ms, lambda m: m.tiles_shuffled, 3),

@@ -269,7 +269,7 @@ def nmmo_exploration(rollout: NmmoRollout) -> dict:
 def nmmo_niches(rollout: NmmoRollout, seed: int) -> dict:
     """The niche measures (``hpc_rl.envs.nmmo_measures.niche_measures``) of the rollout's tile visits (``tiles``)
     and attack styles (``styles``): ``between`` populations (None with one), the ``split_half`` baseline and the
-    ``shuffled`` one (groups of the populations' sizes; None with one)."""
+    ``shuffled`` one (groups of the populations' sizes) with its permutation test's ``shuffled_p`` (None with one)."""
     from hpc_rl.envs.nmmo_config import STYLES
     from hpc_rl.envs.nmmo_measures import niche_measures
 

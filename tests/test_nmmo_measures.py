@@ -97,22 +97,24 @@ def test_shuffled_baseline_compares_groups_of_the_populations_sizes():
     population = np.repeat(np.arange(24) % 4, 15)
     cell = rng.integers(0, 40, agent.size)
     same = m.niche_measures(population, agent, cell, 40, seed=0)
-    # By hand: the agents' labels permuted 20 times from one generator, each time the mean pairwise divergence.
+    # By hand: the agents' labels permuted 99 times from one generator, each time the mean pairwise divergence.
     gen, agents = np.random.default_rng(0), np.unique(agent)
     labels = np.array([population[agent == a][0] for a in agents])
     slow = []
-    for _ in range(20):
+    for _ in range(99):
         new = dict(zip(agents.tolist(), gen.permutation(labels).tolist()))
         shuffled = np.array([new[a] for a in agent.tolist()])
         slow.append(np.mean([slow_js(*[np.bincount(cell[shuffled == k], minlength=40) / (shuffled == k).sum()
                                         for k in (i, j)]) for i in range(4) for j in range(i + 1, 4)]))
     assert same["shuffled"] == pytest.approx(np.mean(slow), rel=1e-9)
+    assert same["shuffled_p"] == pytest.approx((1 + sum(x >= same["between"] for x in slow)) / 100) and \
+        same["shuffled_p"] > 0.05
     # Without niches the populations diverge as much as shuffled groups of their sizes, and less than the halves of
     # one population (3 agents each), which is why the split-half baseline is the stricter one for small populations.
     assert abs(same["between"] - same["shuffled"]) < 0.05 < same["split_half"] - same["between"]
     # Each population on tiles of its own: far above both baselines; one population: no shuffled baseline.
     apart = m.niche_measures(population, agent, cell % 10 + 10 * population, 40, seed=0)
-    assert apart["between"] > 0.9 > 0.5 > apart["shuffled"]
+    assert apart["between"] > 0.9 > 0.5 > apart["shuffled"] and apart["shuffled_p"] == 0.01  # none of the 99
     assert m.niche_measures(np.zeros_like(agent), agent, cell, 40, seed=0)["shuffled"] is None
 
 

@@ -27,7 +27,7 @@ sweep = load_script(ROOT / "analysis" / "nmmo_sweep.py")
 
 def member(value: int, seed: int, ratio_of: float = 2.0, between: float | None = None) -> "sweep.Member":
     return sweep.Member(f"m{value}-{seed}", value, seed, 10, (ratio_of * 5.0, 4.0, 6.0), (5.0, 4.0, 6.0),
-                        (9.0, 8.0, 10.0), 4.0, 0.5, 0.2, between, 0.3, 0.1, None, 0.0)
+                        (9.0, 8.0, 10.0), 4.0, 0.5, 0.2, between, 0.3, 0.1, 0.5, None, 0.0)
 
 
 def test_swept_setting_seed_interval_and_grouping():
@@ -80,7 +80,7 @@ def test_script_on_two_runs_of_different_agent_caps(tmp_path):
     assert rows[0][0] == "env.nmmo.num_agents" and [r[0] for r in rows[1:3]] == ["4", "8"]
     for row in rows[1:3]:  # one population: no divergence between populations, a split-half baseline
         assert float(row[6]) > 0 and 0 < float(row[9]) <= 1 and row[11] == "-" and 0 < float(row[12]) <= 1
-        assert row[13] == "-"  # no shuffled baseline either
+        assert row[13] == row[14] == "-"  # no shuffled baseline either
     assert [r[:2] for r in rows[4:]] == [["4", "1"], ["8", "1"]] and rows[4][-1] == "-"  # no niches with one
     assert (out / "sweep.png").stat().st_size > 0
     with pytest.raises(SystemExit) as usage:  # one run: no swept setting to tell

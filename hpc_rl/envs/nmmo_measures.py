@@ -80,9 +80,9 @@ def split_half_js(agent: np.ndarray, value: np.ndarray, num_values: int, seed: i
 
 
 def shuffled_js(population: np.ndarray, agent: np.ndarray, value: np.ndarray, num_values: int, seed: int,
-                shuffles: int = 20) -> float | None:
+                shuffles: int = 99) -> np.ndarray | None:
     """The mean pairwise divergence between groups of agents as large as the populations but drawn from all of them
-    together (the agents' population labels permuted; each agent keeps its records), mean over ``shuffles``
+    together (the agents' population labels permuted; each agent keeps its records), for each of ``shuffles``
     permutations; None with fewer than two populations. It is what ``mean_pairwise_js`` of the populations would be
     if they had no niches: unlike the split-half baseline, whose halves hold half a population's agents (and so
     diverge more, by chance alone, the fewer agents a population has), it compares groups of the same sizes."""
@@ -92,19 +92,22 @@ def shuffled_js(population: np.ndarray, agent: np.ndarray, value: np.ndarray, nu
     if np.unique(labels).size < 2:
         return None
     rng = np.random.default_rng(seed)
-    shuffled = [mean_pairwise_js(list(population_distributions(rng.permutation(labels)[index], value,
-                                                               num_values).values())) for _ in range(shuffles)]
-    return float(np.mean(shuffled))
+    return np.array([mean_pairwise_js(list(population_distributions(rng.permutation(labels)[index], value,
+                                                                    num_values).values())) for _ in range(shuffles)])
 
 
 def niche_measures(population: np.ndarray, agent: np.ndarray, value: np.ndarray, num_values: int,
                    seed: int) -> dict:
     """``between``: the mean pairwise divergence between the populations' distributions of ``value`` (None with one
     population); ``split_half``: the mean over populations of their split-half divergence, the baseline;
-    ``shuffled``: the baseline at the populations' own sizes (``shuffled_js``; None with one population)."""
+    ``shuffled``: the baseline at the populations' own sizes (the mean of ``shuffled_js``) and ``shuffled_p`` the
+    permutation test's p-value, the share of the permutations (the populations' own labels counted among them)
+    that diverge at least as much as the populations (None with one population)."""
     populations = population_distributions(population, value, num_values)
     own = [split_half_js(agent[population == p], value[population == p], num_values, seed + p) for p in populations]
     own = [x for x in own if x is not None]
-    return {"between": mean_pairwise_js(list(populations.values())),
-            "split_half": float(np.mean(own)) if own else None,
-            "shuffled": shuffled_js(population, agent, value, num_values, seed)}
+    between = mean_pairwise_js(list(populations.values()))
+    shuffled = shuffled_js(population, agent, value, num_values, seed)
+    return {"between": between, "split_half": float(np.mean(own)) if own else None,
+            "shuffled": None if shuffled is None else float(shuffled.mean()),
+            "shuffled_p": None if shuffled is None else float((1 + (shuffled >= between).sum()) / (1 + shuffled.size))}
