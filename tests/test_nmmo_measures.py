@@ -116,6 +116,13 @@ def test_shuffled_baseline_compares_groups_of_the_populations_sizes():
     apart = m.niche_measures(population, agent, cell % 10 + 10 * population, 40, seed=0)
     assert apart["between"] > 0.9 > 0.5 > apart["shuffled"] and apart["shuffled_p"] == 0.01  # none of the 99
     assert m.niche_measures(np.zeros_like(agent), agent, cell, 40, seed=0)["shuffled"] is None
+    # Three worlds of 8 agents (2 of each population), each world's tiles its own: permuted within the worlds, the
+    # groups keep the populations' share of every world, and without niches match them.
+    world = np.repeat(np.arange(24) // 8, 15)
+    worlds = m.niche_measures(population, agent, cell + 40 * world, 120, seed=0, world=world)
+    assert abs(worlds["between"] - worlds["shuffled"]) < 0.05 and worlds["shuffled_p"] > 0.05
+    per_world = m.shuffled_js(population, agent, cell + 40 * world, 120, seed=1, world=world, shuffles=3)
+    assert per_world.shape == (3,)
 
 
 @pytest.mark.timeout(240)  # the first use of the world compiles its kernels
