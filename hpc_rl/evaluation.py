@@ -268,14 +268,16 @@ def nmmo_exploration(rollout: NmmoRollout) -> dict:
 
 def nmmo_niches(rollout: NmmoRollout, seed: int) -> dict:
     """The niche measures (``hpc_rl.envs.nmmo_measures.niche_measures``) of the rollout's tile visits (``tiles``)
-    and attack styles (``styles``): ``between`` populations (None with one) and the ``split_half`` baseline."""
+    and attack styles (``styles``): ``between`` populations (None with one), the ``split_half`` baseline and the
+    ``shuffled`` one (groups of the populations' sizes, labels permuted within each world) with its permutation
+    test's ``shuffled_p`` (None with one)."""
     from hpc_rl.envs.nmmo_config import STYLES
     from hpc_rl.envs.nmmo_measures import niche_measures
 
     return {"tiles": niche_measures(rollout.visit_population, rollout.visit_agent, rollout.visit_cell,
-                                    rollout.passable.size, seed),
+                                    rollout.passable.size, seed, rollout.visit_agent // AGENT_STRIDE),
             "styles": niche_measures(rollout.attack_population, rollout.attack_agent, rollout.attack_style,
-                                     len(STYLES), seed)}
+                                     len(STYLES), seed, rollout.attack_agent // AGENT_STRIDE)}
 
 
 def mean_ci95(values: np.ndarray) -> tuple[float, float, float]:

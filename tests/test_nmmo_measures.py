@@ -90,6 +90,41 @@ def test_split_half_is_the_baseline_that_populations_in_niches_exceed():
         m.split_half_js(agent, cell, 50, seed=0))
 
 
+def test_shuffled_baseline_compares_groups_of_the_populations_sizes():
+    # Four populations of 6 agents, 15 visits each, all from one distribution over 40 tiles: no niches.
+    rng = np.random.default_rng(4)
+    agent = np.repeat(np.arange(24) * 7 + 3, 15)  # agent numbers need not be 0..n-1
+    population = np.repeat(np.arange(24) % 4, 15)
+    cell = rng.integers(0, 40, agent.size)
+    same = m.niche_measures(population, agent, cell, 40, seed=0)
+    # By hand: the agents' labels permuted 99 times from one generator, each time the mean pairwise divergence.
+    gen, agents = np.random.default_rng(0), np.unique(agent)
+    labels = np.array([population[agent == a][0] for a in agents])
+    slow = []
+    for _ in range(99):
+        new = dict(zip(agents.tolist(), gen.permutation(labels).tolist()))
+        shuffled = np.array([new[a] for a in agent.tolist()])
+        slow.append(np.mean([slow_js(*[np.bincount(cell[shuffled == k], minlength=40) / (shuffled == k).sum()
+                                        for k in (i, j)]) for i in range(4) for j in range(i + 1, 4)]))
+    assert same["shuffled"] == pytest.approx(np.mean(slow), rel=1e-9)
+    assert same["shuffled_p"] == pytest.approx((1 + sum(x >= same["between"] for x in slow)) / 100) and \
+        same["shuffled_p"] > 0.05
+    # Without niches the populations diverge as much as shuffled groups of their sizes, and less than the halves of
+    # one population (3 agents each), which is why the split-half baseline is the stricter one for small populations.
+    assert abs(same["between"] - same["shuffled"]) < 0.05 < same["split_half"] - same["between"]
+    # Each population on tiles of its own: far above both baselines; one population: no shuffled baseline.
+    apart = m.niche_measures(population, agent, cell % 10 + 10 * population, 40, seed=0)
+    assert apart["between"] > 0.9 > 0.5 > apart["shuffled"] and apart["shuffled_p"] == 0.01  # none of the 99
+    assert m.niche_measures(np.zeros_like(agent), agent, cell, 40, seed=0)["shuffled"] is None
+    # Three worlds of 8 agents (2 of each population), each world's tiles its own: permuted within the worlds, the
+    # groups keep the populations' share of every world, and without niches match them.
+    world = np.repeat(np.arange(24) // 8, 15)
+    worlds = m.niche_measures(population, agent, cell + 40 * world, 120, seed=0, world=world)
+    assert abs(worlds["between"] - worlds["shuffled"]) < 0.05 and worlds["shuffled_p"] > 0.05
+    per_world = m.shuffled_js(population, agent, cell + 40 * world, 120, seed=1, world=world, shuffles=3)
+    assert per_world.shape == (3,)
+
+
 @pytest.mark.timeout(240)  # the first use of the world compiles its kernels
 def test_rollout_records_every_agent_tick_and_the_reports_show_the_measures(tmp_path, capsys):
     config = tiny_config()

@@ -11,7 +11,8 @@ rollout: world, row, column), and, for every attack it made, the style. The meas
   style); ``js_divergence`` (in bits, 0..1) between two such distributions and ``mean_pairwise_js`` over all pairs of
   populations. A divergence computed from finitely many visits is above 0 even between two samples of one policy, so
   ``split_half_js``, the divergence between random halves of one population's agents, is the baseline it is read
-  against: populations form niches when they diverge more than a population does from itself.
+  against: populations form niches when they diverge more than a population does from itself. ``shuffled_js``, the
+  divergence between groups of the populations' sizes drawn from all agents together, is the baseline at equal sizes.
 """
 
 from __future__ import annotations
@@ -78,12 +79,45 @@ def split_half_js(agent: np.ndarray, value: np.ndarray, num_values: int, seed: i
     return float(halves.mean())
 
 
+def shuffled_js(population: np.ndarray, agent: np.ndarray, value: np.ndarray, num_values: int, seed: int,
+                world: np.ndarray | None = None, shuffles: int = 99) -> np.ndarray | None:
+    """The mean pairwise divergence between groups of agents as large as the populations but drawn from all of them
+    together (the agents' population labels permuted; each agent keeps its records), for each of ``shuffles``
+    permutations; None with fewer than two populations. It is what ``mean_pairwise_js`` of the populations would be
+    if they had no niches: unlike the split-half baseline, whose halves hold half a population's agents (and so
+    diverge more, by chance alone, the fewer agents a population has), it compares groups of the same sizes.
+    ``world`` (per record) permutes the labels within each world only, so that every group keeps each world's share
+    of the agents, as the populations do (each world's cells are its own: a group heavier in one world would
+    diverge for that alone)."""
+    population, agent = np.asarray(population, np.int64), np.asarray(agent, np.int64)
+    _, first, index = np.unique(agent, return_index=True, return_inverse=True)
+    labels = population[first]  # each agent's population
+    if np.unique(labels).size < 2:
+        return None
+    strata = np.zeros(labels.size, np.int64) if world is None else np.asarray(world, np.int64)[first]
+    members = [np.flatnonzero(strata == w) for w in np.unique(strata)]
+    rng = np.random.default_rng(seed)
+    out = np.zeros(shuffles)
+    for s in range(shuffles):
+        permuted = labels.copy()
+        for idx in members:
+            permuted[idx] = labels[idx[rng.permutation(idx.size)]]
+        out[s] = mean_pairwise_js(list(population_distributions(permuted[index], value, num_values).values()))
+    return out
+
+
 def niche_measures(population: np.ndarray, agent: np.ndarray, value: np.ndarray, num_values: int,
-                   seed: int) -> dict:
+                   seed: int, world: np.ndarray | None = None) -> dict:
     """``between``: the mean pairwise divergence between the populations' distributions of ``value`` (None with one
-    population); ``split_half``: the mean over populations of their split-half divergence, the baseline."""
+    population); ``split_half``: the mean over populations of their split-half divergence, the baseline;
+    ``shuffled``: the baseline at the populations' own sizes (the mean of ``shuffled_js``) and ``shuffled_p`` the
+    permutation test's p-value, the share of the permutations (the populations' own labels counted among them)
+    that diverge at least as much as the populations (None with one population); ``world`` as ``shuffled_js``."""
     populations = population_distributions(population, value, num_values)
     own = [split_half_js(agent[population == p], value[population == p], num_values, seed + p) for p in populations]
     own = [x for x in own if x is not None]
-    return {"between": mean_pairwise_js(list(populations.values())),
-            "split_half": float(np.mean(own)) if own else None}
+    between = mean_pairwise_js(list(populations.values()))
+    shuffled = shuffled_js(population, agent, value, num_values, seed, world)
+    return {"between": between, "split_half": float(np.mean(own)) if own else None,
+            "shuffled": None if shuffled is None else float(shuffled.mean()),
+            "shuffled_p": None if shuffled is None else float((1 + (shuffled >= between).sum()) / (1 + shuffled.size))}
