@@ -69,6 +69,7 @@ def test_shape_keys_are_the_settings_that_shape_the_saved_state_or_its_spaces():
 def test_go_shape_keys_are_the_settings_that_shape_the_go_learners_saved_state():
     from hpc_rl.algo.alphazero import AlphaZeroLearner
     from hpc_rl.algo.config import AlphaZeroConfig
+    from hpc_rl.envs.go import NUM_PLANES
     from hpc_rl.envs.go_config import GoConfig, PUCTConfig
     from hpc_rl.model.config import GoNetConfig
     from hpc_rl.model.go_net import GoNet
@@ -77,7 +78,7 @@ def test_go_shape_keys_are_the_settings_that_shape_the_go_learners_saved_state()
 
     def shapes(go: GoConfig, az: AlphaZeroConfig) -> dict[str, tuple]:
         learner = AlphaZeroLearner(GoNet(go.net, go.board_size), az)
-        net, _ = learner.net(torch.zeros((2, 5, go.board_size, go.board_size)))
+        net, _ = learner.net(torch.zeros((2, NUM_PLANES, go.board_size, go.board_size)))
         net.sum().backward()
         learner.optimizer.step()  # the optimiser's state exists after its first step
         out = {}
