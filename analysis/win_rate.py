@@ -17,16 +17,26 @@ its start, summed over the run's jobs). A run made by surgery (docs/surgery.md) 
 continued run and one trained from scratch compare as env steps to reach a level:
 
     python analysis/win_rate.py runs/wide runs/wide_scratch --block 20 --levels 0.5 0.7 --out plots/
+
+``--checkpoints`` reads the run's checkpoint evaluations instead (``evaluations.jsonl``, written by
+``jobs/evaluate.py RUN --version all --games 200``): each row a committed checkpoint's games against the scripted
+bot, those of several seeds pooled; ``--block`` pools the checkpoints of each block, and ``--levels`` works as above.
+Training's windows mix the policies of ten versions and count tens of games; a checkpoint's evaluation is one policy
+and as many games as asked, so levels read from it are the ones to compare runs by.
+
+    python analysis/win_rate.py runs/wide runs/wide_scratch --checkpoints --block 100 --levels 0.6 0.7 --out plots/
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import numpy as np
 
 from hpc_rl.stats import wilson_interval
+from hpc_rl.storage.layout import RunLayout
 from hpc_rl.metric_names import ENV_STEPS, GAMES_VS_SCRIPTED, WIN_RATE_VS_SCRIPTED, WIN_RATE_WINDOW
 from hpc_rl.study import (VERSION_LABEL, Output, RunData, fmt, load_runs, markdown_table, pyplot,
                           run_script, script_parser)
@@ -37,8 +47,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=5, help="versions per run in the table (default 5)")
     p.add_argument("--z", type=float, default=1.96, help="normal quantile of the interval (default 1.96: 95%%)")
     p.add_argument("--block", type=int, default=0,
-                   help=f"pool the games of blocks of this many versions (a multiple of {WIN_RATE_WINDOW}; default 0: "
-                        f"every version's {WIN_RATE_WINDOW}-version window)")
+                   help=f"pool the games of blocks of this many versions (a multiple of {WIN_RATE_WINDOW} for training's "
+                        f"windows; default 0: every version's {WIN_RATE_WINDOW}-version window, or every checkpoint)")
+    p.add_argument("--checkpoints", action="store_true",
+                   help="the checkpoints' evaluations (evaluations.jsonl, jobs/evaluate.py) instead of training's windows")
     p.add_argument("--levels", type=float, nargs="+", default=[],
                    help="win rates: the first version (and env steps) at which each run reaches each (levels.md)")
     return p
@@ -60,15 +72,44 @@ def win_rate_rows(run: RunData, z: float) -> np.ndarray:
     return np.array(out, dtype=np.float64).reshape(-1, 6)
 
 
-def pooled_rows(rows: np.ndarray, block: int, z: float) -> np.ndarray:
-    """``win_rate_rows`` pooled over blocks of ``block`` versions: the games and wins of the disjoint windows (the rows
-    at multiples of WIN_RATE_WINDOW) summed per block, each block's row at the last of those versions."""
-    if block <= 0 or block % WIN_RATE_WINDOW:
-        raise ValueError(f"--block must be a positive multiple of {WIN_RATE_WINDOW}, got {block}")
-    disjoint = rows[rows[:, 0] % WIN_RATE_WINDOW == 0]
+def checkpoint_rows(run: RunData, z: float) -> np.ndarray:
+    """(version, games, wins, win rate, low, high) for every checkpoint of ``run`` with a MOBA evaluation in its
+    evaluations.jsonl, the games of its different (games, seed) evaluations summed. Only the latest record's scripted
+    bot (``bot_hash``) counts: results against an earlier bot are left out with a note."""
+    path = RunLayout(run.path).evaluations
+    records = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+                result = record["result"]
+                key = (int(record["version"]), int(record["games"]), int(record["seed"]), result["bot_hash"])
+                records[key] = (int(result["games"]), int(result["wins"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # not a MOBA evaluation against the scripted bot
+    bots = list(dict.fromkeys(key[3] for key in records))
+    if len(bots) > 1:
+        print(f"note: {run.label}: {sum(key[3] != bots[-1] for key in records)} evaluations against an earlier "
+              f"scripted bot left out")
+    pooled: dict[int, np.ndarray] = {}
+    for (version, _, _, bot), played in records.items():
+        if bot == bots[-1]:
+            pooled[version] = pooled.get(version, np.zeros(2)) + played
     out = []
-    for end in np.unique(np.ceil(disjoint[:, 0] / block) * block):
-        inside = disjoint[(disjoint[:, 0] > end - block) & (disjoint[:, 0] <= end)]
+    for version in sorted(pooled):
+        n, wins = pooled[version]
+        out.append((version, n, wins, wins / n, *wilson_interval(int(wins), int(n), z)))
+    return np.array(out, dtype=np.float64).reshape(-1, 6)
+
+
+def pooled_rows(rows: np.ndarray, block: int, z: float) -> np.ndarray:
+    """Rows of disjoint games (``checkpoint_rows``, or ``win_rate_rows`` at multiples of WIN_RATE_WINDOW) pooled
+    over blocks of ``block`` versions: games and wins summed per block, each block's row at its last version."""
+    if block <= 0:
+        raise ValueError(f"--block must be positive, got {block}")
+    out = []
+    for end in np.unique(np.ceil(rows[:, 0] / block) * block):
+        inside = rows[(rows[:, 0] > end - block) & (rows[:, 0] <= end)]
         n, wins = inside[:, 1].sum(), inside[:, 2].sum()
         low, high = wilson_interval(int(wins), int(n), z)
         out.append((inside[-1, 0], n, wins, wins / n, low, high))
@@ -89,10 +130,18 @@ def run_env_steps(versions: np.ndarray, steps: np.ndarray) -> np.ndarray:
 def level_rows(run: RunData, rows: np.ndarray, levels: list[float]) -> list[list[str]]:
     """For each level, the first of ``rows`` (win_rate_rows or pooled_rows) reaching it: version, env steps, games,
     wins, win rate and interval ("not reached" where none does)."""
-    steps = {}
+    versions, steps = np.zeros(0), np.zeros(0)
     if run.has(ENV_STEPS):
         versions, values = run.metrics[ENV_STEPS]["version"], run.metrics[ENV_STEPS]["value"]
-        steps = dict(zip(versions.astype(int).tolist(), run_env_steps(versions, values).tolist()))
+        steps = run_env_steps(versions, values)
+        order = np.argsort(versions, kind="stable")
+        versions, steps = versions[order], steps[order]
+
+    def steps_at(version: float) -> float | None:
+        """The env steps of the last row at or before ``version`` (a checkpoint's version may have no row)."""
+        at = np.searchsorted(versions, version, side="right") - 1
+        return float(steps[at]) if at >= 0 else None
+
     out = []
     for level in levels:
         reached = np.flatnonzero(rows[:, 3] >= level)
@@ -100,7 +149,7 @@ def level_rows(run: RunData, rows: np.ndarray, levels: list[float]) -> list[list
             out.append([run.label, fmt(level), "not reached", "", fmt(rows[-1, 0]) + " (last)", "", "", "", ""])
             continue
         v, n, wins, p, low, high = rows[reached[0]]
-        out.append([run.label, fmt(level), fmt(v), fmt(steps.get(int(v))), fmt(n), fmt(wins), fmt(p), fmt(low),
+        out.append([run.label, fmt(level), fmt(v), fmt(steps_at(v)), fmt(n), fmt(wins), fmt(p), fmt(low),
                     fmt(high)])
     return out
 
@@ -108,21 +157,31 @@ def level_rows(run: RunData, rows: np.ndarray, levels: list[float]) -> list[list
 def body(args: argparse.Namespace, out: Output) -> None:
     if args.rows < 1:
         raise ValueError(f"--rows must be >= 1, got {args.rows}")
-    if args.block:
-        pooled_rows(np.zeros((0, 6)), args.block, args.z)  # a bad --block is refused before any run is read
-    runs = [r for r in load_runs(args.paths) if r.has(WIN_RATE_VS_SCRIPTED) and r.has(GAMES_VS_SCRIPTED)]
-    if not runs:
-        print(f"note: no run has {WIN_RATE_VS_SCRIPTED} and {GAMES_VS_SCRIPTED} (not MOBA runs?); nothing written")
-        return
+    if args.block < 0 or (args.block % WIN_RATE_WINDOW and not args.checkpoints):
+        raise ValueError(f"--block must be positive, got {args.block}" if args.checkpoints else
+                         f"--block must be a positive multiple of {WIN_RATE_WINDOW}, got {args.block}")
+    if args.checkpoints:
+        runs = load_runs(args.paths)
+    else:
+        runs = [r for r in load_runs(args.paths) if r.has(WIN_RATE_VS_SCRIPTED) and r.has(GAMES_VS_SCRIPTED)]
+        if not runs:
+            print(f"note: no run has {WIN_RATE_VS_SCRIPTED} and {GAMES_VS_SCRIPTED} (not MOBA runs?); nothing written")
+            return
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     table, levels = [], []
     for run in runs:
-        rows = win_rate_rows(run, args.z)
+        if args.checkpoints:
+            rows = checkpoint_rows(run, args.z)
+        else:
+            rows = win_rate_rows(run, args.z)
+            rows = rows[rows[:, 0] % WIN_RATE_WINDOW == 0] if args.block else rows
         if args.block and len(rows):
             rows = pooled_rows(rows, args.block, args.z)
         if not len(rows):
-            print(f"note: {run.label} finished no game against the scripted bot; left out")
+            print(f"note: {run.label} " + ("has no checkpoint evaluated against the scripted bot (jobs/evaluate.py)"
+                                           if args.checkpoints else "finished no game against the scripted bot")
+                  + "; left out")
             continue
         line, = ax.plot(rows[:, 0], rows[:, 3], lw=1.4, label=run.label)
         ax.fill_between(rows[:, 0], rows[:, 4], rows[:, 5], color=line.get_color(), alpha=0.2, lw=0)
@@ -136,7 +195,12 @@ def body(args: argparse.Namespace, out: Output) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     out.figure("win_rate.png", fig)
-    games = f"games of blocks of {args.block} versions" if args.block else f"games over the last {WIN_RATE_WINDOW} versions"
+    if args.checkpoints:
+        games = (f"checkpoints' evaluations, pooled over blocks of {args.block} versions" if args.block
+                 else "each checkpoint's evaluations")
+    else:
+        games = (f"games of blocks of {args.block} versions" if args.block
+                 else f"games over the last {WIN_RATE_WINDOW} versions")
     out.table("win_rate.md", f"win rate vs the scripted bot ({games})",
               markdown_table(["run", "version", "games", "wins", "win rate", "ci low", "ci high"], table))
     if args.levels:

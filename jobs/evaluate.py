@@ -1,12 +1,18 @@
-"""Evaluate a run's checkpoint as a training job's end does (``hpc_rl.evaluation.final_evaluation``), in one process.
+"""Evaluate a run's checkpoints as a training job's end does (``hpc_rl.evaluation.final_evaluation``), in one process.
 
     python jobs/evaluate.py runs/my_run                          # the latest good checkpoint, 100 games
     python jobs/evaluate.py runs/my_run --games 400 --version 200 --seed 1
+    python jobs/evaluate.py runs/my_run --games 200 --version all # every committed checkpoint: a learning curve
 
 MOBA: games against the frozen scripted bot, half on each side, draws counted as losses, with the 95% Wilson
 interval; Gymnasium: the greedy return of one episode per game; Neural MMO: the mean lifetime of the first agents of
 ``--games`` worlds, the policy's against the random bot's, and each one's exploration (distinct tiles per lifetime,
-map coverage; docs/nmmo.md). Prints one line (Neural MMO: two) and, last, the result as JSON.
+map coverage; docs/nmmo.md). Prints for each version one line (Neural MMO: two) and the result as JSON.
+
+Each result is appended to the run's ``evaluations.jsonl`` (``{"version", "games", "seed", "time", "result"}``), and
+a version evaluated already with the same games and seed (MOBA: against the same scripted bot, ``bot_hash``) is
+printed from there instead of played again: the games are seeded, so they would end the same. A long list of
+versions can therefore be stopped and started again; ``analysis/win_rate.py --checkpoints`` draws the curve.
 """
 
 from __future__ import annotations
@@ -14,9 +20,37 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from hpc_rl.launch import set_torch_threads
+
+
+def versions_arg(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a version is a checkpoint's number or 'all', got {text!r}") from None
+
+
+def recorded(path: Path, bot_hash: str | None) -> dict[tuple[int, int, int], dict]:
+    """The run's evaluations.jsonl by (version, games, seed); MOBA results against another bot left out."""
+    if not path.exists():
+        return {}
+    out = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            record = json.loads(line)
+            key = (int(record["version"]), int(record["games"]), int(record["seed"]))
+            result = record["result"]
+        except (ValueError, KeyError, TypeError):
+            print(f"note: {path} line {number} is not an evaluation record; ignored", file=sys.stderr)
+            continue
+        if result.get("bot_hash") == bot_hash:
+            out[key] = record
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -24,27 +58,60 @@ def main(argv: list[str]) -> int:
     parser.add_argument("run_dir", type=Path, help="the run directory (runs/<run_name>)")
     parser.add_argument("--games", type=int, default=100,
                         help="games (Gymnasium: episodes; Neural MMO: worlds), even (default 100)")
-    parser.add_argument("--version", type=int, help="the checkpoint's version (default: the latest good one)")
+    parser.add_argument("--version", type=versions_arg, nargs="+",
+                        help="the checkpoints' versions, or 'all' of them (default: the latest good one)")
     parser.add_argument("--seed", type=int, help="seed of the games (default: the training job's final evaluation's)")
     args = parser.parse_args(argv)
     set_torch_threads()
+    from hpc_rl.envs.scripted import scripted_bot_hash
     from hpc_rl.evaluation import FINAL_EVAL_SEED, checkpoint_policies, final_evaluation, load_checkpoint_of_run
     from hpc_rl.roles.console import final_eval_line
+    from hpc_rl.storage.layout import RunLayout
+    from hpc_rl.storage.run import open_run
 
-    ckpt, config = load_checkpoint_of_run(args.run_dir, args.version)
-    version = ckpt.version
-    try:
-        result = final_evaluation(checkpoint_policies(ckpt, config), config, args.games,
-                                  FINAL_EVAL_SEED if args.seed is None else args.seed)
-    except ValueError as err:
-        parser.error(str(err))
-    print(f"version {version}: {final_eval_line(result)}")
-    if config.env.is_nmmo:
-        print("exploration: " + "; ".join(
-            f"{player} {result[f'{player}_tiles_per_life']:.1f} distinct tiles per lifetime "
-            f"[{result[f'{player}_tiles_per_life_ci95'][0]:.1f}, {result[f'{player}_tiles_per_life_ci95'][1]:.1f}], "
-            f"coverage {result[f'{player}_coverage']:.2f}" for player in ("policy", "random")))
-    print(json.dumps({"version": version, **result}))
+    seed = FINAL_EVAL_SEED if args.seed is None else args.seed
+    if args.games < 2 or args.games % 2:
+        parser.error(f"--games must be even and >= 2 (half on each side), got {args.games}")
+    if args.version is None:
+        versions: list[int | None] = [None]
+    elif "all" in args.version:
+        try:
+            versions = open_run(args.run_dir).checkpoint_versions
+        except FileNotFoundError as err:
+            parser.error(str(err))
+        if not versions:
+            parser.error(f"{args.run_dir} has no committed checkpoint")
+    else:
+        versions = list(dict.fromkeys(args.version))
+    layout = RunLayout(args.run_dir)
+    for asked in versions:
+        try:
+            ckpt, config = load_checkpoint_of_run(args.run_dir, asked)
+        except (FileNotFoundError, ValueError) as err:  # no such run or version, or a checkpoint that does not load
+            parser.error(str(err))
+        version = ckpt.version
+        record = recorded(layout.evaluations, scripted_bot_hash() if config.env.is_moba else None
+                          ).get((version, args.games, seed))
+        if record is None:
+            result = final_evaluation(checkpoint_policies(ckpt, config), config, args.games, seed)
+            record = {"version": version, "games": args.games, "seed": seed, "time": time.time(), "result": result}
+            try:
+                with layout.evaluations.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            except OSError as err:  # a run directory the user may read but not write: the result is still printed
+                print(f"note: not recorded in {layout.evaluations}: {err}", file=sys.stderr)
+            origin = ""
+        else:
+            result = record["result"]
+            origin = f" (recorded {time.strftime('%Y-%m-%d %H:%M', time.localtime(record['time']))})"
+        print(f"version {version}: {final_eval_line(result)}{origin}")
+        if config.env.is_nmmo:
+            print("exploration: " + "; ".join(
+                f"{player} {result[f'{player}_tiles_per_life']:.1f} distinct tiles per lifetime "
+                f"[{result[f'{player}_tiles_per_life_ci95'][0]:.1f}, "
+                f"{result[f'{player}_tiles_per_life_ci95'][1]:.1f}], coverage {result[f'{player}_coverage']:.2f}"
+                for player in ("policy", "random")))
+        print(json.dumps({"version": version, **result}), flush=True)
     return 0
 
 

@@ -50,6 +50,12 @@ class RunLayout:
         return self.root / "config_changes.jsonl"
 
     @property
+    def evaluations(self) -> Path:
+        """Every ``jobs/evaluate.py`` result: one JSON line per checkpoint evaluated (version, seed, the result),
+        appended; an evaluation recorded already with the same games, seed and opponent is not played again."""
+        return self.root / "evaluations.jsonl"
+
+    @property
     def meta(self) -> Path:
         """Who ran it: world size, roles, transport, config hash, the version it resumed from."""
         return self.root / "meta.json"
