@@ -18,6 +18,7 @@ from hpc_rl.envs.moba_config import MobaConfig
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.runner import SerialRunner
 from hpc_rl.stats import wilson_interval
+from test_analysis import table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,12 +28,6 @@ def evaluate_job():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def table(path: Path) -> list[dict[str, str]]:
-    lines = [ln for ln in path.read_text().splitlines() if ln.startswith("|")]
-    cells = lambda ln: [c.strip() for c in ln.strip().strip("|").split("|")]  # noqa: E731
-    return [dict(zip(cells(lines[0]), cells(ln))) for ln in lines[2:]]
 
 
 @pytest.fixture(scope="module")
