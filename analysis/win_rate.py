@@ -24,7 +24,7 @@ bot, those of several seeds pooled; ``--block`` pools the checkpoints of each bl
 Training's windows mix the policies of ten versions and count tens of games; a checkpoint's evaluation is one policy
 and as many games as asked, so levels read from it are the ones to compare runs by.
 
-    python analysis/win_rate.py runs/wide runs/wide_scratch --checkpoints --block 100 --levels 0.6 0.7 --out plots/
+    python analysis/win_rate.py runs/wide runs/wide_scratch --checkpoints --env-steps --levels 0.6 0.7 --out plots/
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block", type=int, default=0,
                    help=f"pool the games of blocks of this many versions (a multiple of {WIN_RATE_WINDOW} for training's "
                         f"windows; default 0: every version's {WIN_RATE_WINDOW}-version window, or every checkpoint)")
+    p.add_argument("--env-steps", action="store_true",
+                   help="plot against the env steps played in each run directory (a surgery's run counts from the "
+                        "surgery) instead of versions")
     p.add_argument("--checkpoints", action="store_true",
                    help="the checkpoints' evaluations (evaluations.jsonl, jobs/evaluate.py) instead of training's windows")
     p.add_argument("--levels", type=float, nargs="+", default=[],
@@ -127,21 +130,22 @@ def run_env_steps(versions: np.ndarray, steps: np.ndarray) -> np.ndarray:
     return total
 
 
+def env_steps_at(run: RunData, versions: np.ndarray) -> np.ndarray:
+    """The env steps played in the run directory by each of ``versions`` (``run_env_steps`` at the last row at or
+    before it: a checkpoint's version may have no row); NaN before the first row or without perf/env_steps."""
+    if not run.has(ENV_STEPS):
+        return np.full(len(versions), np.nan)
+    rows, values = run.metrics[ENV_STEPS]["version"], run.metrics[ENV_STEPS]["value"]
+    steps = run_env_steps(rows, values)
+    order = np.argsort(rows, kind="stable")
+    at = np.searchsorted(rows[order], versions, side="right") - 1
+    return np.where(at >= 0, steps[order][np.maximum(at, 0)], np.nan)
+
+
 def level_rows(run: RunData, rows: np.ndarray, levels: list[float]) -> list[list[str]]:
     """For each level, the first of ``rows`` (win_rate_rows or pooled_rows) reaching it: version, env steps, games,
     wins, win rate and interval ("not reached" where none does)."""
-    versions, steps = np.zeros(0), np.zeros(0)
-    if run.has(ENV_STEPS):
-        versions, values = run.metrics[ENV_STEPS]["version"], run.metrics[ENV_STEPS]["value"]
-        steps = run_env_steps(versions, values)
-        order = np.argsort(versions, kind="stable")
-        versions, steps = versions[order], steps[order]
-
-    def steps_at(version: float) -> float | None:
-        """The env steps of the last row at or before ``version`` (a checkpoint's version may have no row)."""
-        at = np.searchsorted(versions, version, side="right") - 1
-        return float(steps[at]) if at >= 0 else None
-
+    steps = env_steps_at(run, rows[:, 0])
     out = []
     for level in levels:
         reached = np.flatnonzero(rows[:, 3] >= level)
@@ -149,7 +153,7 @@ def level_rows(run: RunData, rows: np.ndarray, levels: list[float]) -> list[list
             out.append([run.label, fmt(level), "not reached", "", fmt(rows[-1, 0]) + " (last)", "", "", "", ""])
             continue
         v, n, wins, p, low, high = rows[reached[0]]
-        out.append([run.label, fmt(level), fmt(v), fmt(steps_at(v)), fmt(n), fmt(wins), fmt(p), fmt(low),
+        out.append([run.label, fmt(level), fmt(v), fmt(steps[reached[0]]), fmt(n), fmt(wins), fmt(p), fmt(low),
                     fmt(high)])
     return out
 
@@ -183,14 +187,15 @@ def body(args: argparse.Namespace, out: Output) -> None:
                                            if args.checkpoints else "finished no game against the scripted bot")
                   + "; left out")
             continue
-        line, = ax.plot(rows[:, 0], rows[:, 3], lw=1.4, label=run.label)
-        ax.fill_between(rows[:, 0], rows[:, 4], rows[:, 5], color=line.get_color(), alpha=0.2, lw=0)
+        x = env_steps_at(run, rows[:, 0]) if args.env_steps else rows[:, 0]
+        line, = ax.plot(x, rows[:, 3], lw=1.4, marker="o" if args.checkpoints else None, ms=3, label=run.label)
+        ax.fill_between(x, rows[:, 4], rows[:, 5], color=line.get_color(), alpha=0.2, lw=0)
         picks = np.unique(np.linspace(0, len(rows) - 1, min(args.rows, len(rows))).round().astype(int))
         for v, n, wins, p, low, high in rows[picks]:
             table.append([run.label, fmt(v), fmt(n), fmt(wins), fmt(p), fmt(low), fmt(high)])
         levels += level_rows(run, rows, args.levels)
     ax.axhline(0.5, color="grey", lw=0.8, ls=":")
-    ax.set(xlabel=VERSION_LABEL, ylabel="win rate vs scripted bot", ylim=(0, 1),
+    ax.set(xlabel="env steps in the run directory" if args.env_steps else VERSION_LABEL, ylabel="win rate vs scripted bot", ylim=(0, 1),
            title=f"win rate vs scripted bot, {100 * (2 * _normal_cdf(args.z) - 1):.0f}% Wilson intervals")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")

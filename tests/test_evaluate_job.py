@@ -92,7 +92,8 @@ def test_every_checkpoint_is_evaluated_once_and_win_rate_draws_the_curve(run, tm
     assert level["version"] == "1" and int(level["env steps"]) > 0  # level 0: the first checkpoint reaches it
     # Pooled over blocks of two versions: versions 1-2 and 3.
     subprocess.run([sys.executable, str(ROOT / "analysis" / "win_rate.py"), str(run), "--checkpoints", "--block",
-                    "2", "--out", str(tmp_path / "b")], check=True, capture_output=True, timeout=60)
+                    "2", "--env-steps", "--out", str(tmp_path / "b")], check=True, capture_output=True, timeout=60)
+    assert (tmp_path / "b" / "win_rate.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = table(tmp_path / "b" / "win_rate.md")
     assert [(int(r["version"]), int(r["games"])) for r in rows] == [(2, 8), (3, 8)]
 
