@@ -30,13 +30,13 @@ and as many games as asked, so levels read from it are the ones to compare runs 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
 
 from hpc_rl.stats import wilson_interval
 from hpc_rl.storage.layout import RunLayout
+from hpc_rl.storage.run import read_evaluations
 from hpc_rl.metric_names import ENV_STEPS, GAMES_VS_SCRIPTED, WIN_RATE_VS_SCRIPTED, WIN_RATE_WINDOW
 from hpc_rl.study import (VERSION_LABEL, Output, RunData, fmt, load_runs, markdown_table, pyplot,
                           run_script, script_parser)
@@ -79,17 +79,12 @@ def checkpoint_rows(run: RunData, z: float) -> np.ndarray:
     """(version, games, wins, win rate, low, high) for every checkpoint of ``run`` with a MOBA evaluation in its
     evaluations.jsonl, the games of its different (games, seed) evaluations summed. Only the latest record's scripted
     bot (``bot_hash``) counts: results against an earlier bot are left out with a note."""
-    path = RunLayout(run.path).evaluations
-    records = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-                result = record["result"]
-                key = (int(record["version"]), int(record["games"]), int(record["seed"]), result["bot_hash"])
-                records[key] = (int(result["games"]), int(result["wins"]))
-            except (ValueError, KeyError, TypeError):
-                continue  # not a MOBA evaluation against the scripted bot
+    records = {}  # one per (version, games, seed, bot): an evaluation recorded twice counts once
+    for record in read_evaluations(RunLayout(run.path).evaluations):
+        result = record["result"]
+        if "wins" in result and result.get("bot_hash"):  # a MOBA evaluation against the scripted bot
+            key = (record["version"], record["games"], record["seed"], result["bot_hash"])
+            records[key] = (int(result["games"]), int(result["wins"]))
     bots = list(dict.fromkeys(key[3] for key in records))
     if len(bots) > 1:
         print(f"note: {run.label}: {sum(key[3] != bots[-1] for key in records)} evaluations against an earlier "
@@ -195,7 +190,8 @@ def body(args: argparse.Namespace, out: Output) -> None:
             table.append([run.label, fmt(v), fmt(n), fmt(wins), fmt(p), fmt(low), fmt(high)])
         levels += level_rows(run, rows, args.levels)
     ax.axhline(0.5, color="grey", lw=0.8, ls=":")
-    ax.set(xlabel="env steps in the run directory" if args.env_steps else VERSION_LABEL, ylabel="win rate vs scripted bot", ylim=(0, 1),
+    ax.set(xlabel="env steps in the run directory" if args.env_steps else VERSION_LABEL,
+           ylabel="win rate vs scripted bot", ylim=(0, 1),
            title=f"win rate vs scripted bot, {100 * (2 * _normal_cdf(args.z) - 1):.0f}% Wilson intervals")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")

@@ -35,24 +35,6 @@ def versions_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"a version is a checkpoint's number or 'all', got {text!r}") from None
 
 
-def recorded(path: Path, bot_hash: str | None) -> dict[tuple[int, int, int], dict]:
-    """The run's evaluations.jsonl by (version, games, seed); MOBA results against another bot left out."""
-    if not path.exists():
-        return {}
-    out = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            record = json.loads(line)
-            key = (int(record["version"]), int(record["games"]), int(record["seed"]))
-            result = record["result"]
-        except (ValueError, KeyError, TypeError):
-            print(f"note: {path} line {number} is not an evaluation record; ignored", file=sys.stderr)
-            continue
-        if result.get("bot_hash") == bot_hash:
-            out[key] = record
-    return out
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (runs/<run_name>)")
@@ -67,7 +49,7 @@ def main(argv: list[str]) -> int:
     from hpc_rl.evaluation import FINAL_EVAL_SEED, checkpoint_policies, final_evaluation, load_checkpoint_of_run
     from hpc_rl.roles.console import final_eval_line
     from hpc_rl.storage.layout import RunLayout
-    from hpc_rl.storage.run import open_run
+    from hpc_rl.storage.run import open_run, read_evaluations, record_evaluation
 
     seed = FINAL_EVAL_SEED if args.seed is None else args.seed
     if args.games < 2 or args.games % 2:
@@ -83,23 +65,25 @@ def main(argv: list[str]) -> int:
             parser.error(f"{args.run_dir} has no committed checkpoint")
     else:
         versions = list(dict.fromkeys(args.version))
-    layout = RunLayout(args.run_dir)
+    path = RunLayout(args.run_dir).evaluations
+    done, bot_hash = None, None
     for asked in versions:
         try:
             ckpt, config = load_checkpoint_of_run(args.run_dir, asked)
         except (FileNotFoundError, ValueError) as err:  # no such run or version, or a checkpoint that does not load
             parser.error(str(err))
         version = ckpt.version
-        record = recorded(layout.evaluations, scripted_bot_hash() if config.env.is_moba else None
-                          ).get((version, args.games, seed))
+        if done is None:  # the recorded games of this opponent (MOBA: the scripted bot as it is now), read once
+            bot_hash = scripted_bot_hash() if config.env.is_moba else None
+            done = {(r["version"], r["games"], r["seed"]): r for r in read_evaluations(path)
+                    if r["result"].get("bot_hash") == bot_hash}
+        record = done.get((version, args.games, seed))
         if record is None:
             result = final_evaluation(checkpoint_policies(ckpt, config), config, args.games, seed)
-            record = {"version": version, "games": args.games, "seed": seed, "time": time.time(), "result": result}
             try:
-                with layout.evaluations.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
+                done[version, args.games, seed] = record_evaluation(path, version, args.games, seed, result)
             except OSError as err:  # a run directory the user may read but not write: the result is still printed
-                print(f"note: not recorded in {layout.evaluations}: {err}", file=sys.stderr)
+                print(f"note: not recorded in {path}: {err}", file=sys.stderr)
             origin = ""
         else:
             result = record["result"]

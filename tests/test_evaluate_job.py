@@ -18,6 +18,7 @@ from hpc_rl.envs.moba_config import MobaConfig
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.runner import SerialRunner
 from hpc_rl.stats import wilson_interval
+from hpc_rl.storage import open_run
 from test_analysis import table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +72,11 @@ def test_every_checkpoint_is_evaluated_once_and_win_rate_draws_the_curve(run, tm
     assert job.main([str(run), "--games", "4", "--seed", "5", "--version", "1"]) == 0
     assert "(recorded " not in capsys.readouterr().out
     assert records_of_current_bot(run) == {(1, 5), (2, 5), (3, 5), (3, 6)}
+    # The run's reader skips the broken line and lists every record in its table of evaluations.
+    frame = open_run(run).evaluations_frame()
+    mine = frame[frame["source"] == "evaluate"]
+    assert len(open_run(run).evaluations) == 5 and mine["version"].tolist() == [1, 2, 3, 3, 1]
+    assert mine["wins"].tolist() == [r["result"]["wins"] for r in records(run)]
 
     # The curve: one row per checkpoint, the seeds of version 3 pooled; the stale record left out with a note.
     out = subprocess.run([sys.executable, str(ROOT / "analysis" / "win_rate.py"), str(run), "--checkpoints",

@@ -8,7 +8,8 @@
     run.load_checkpoint()                # the verified latest one (falls back past corrupt files)
     run.metrics_frame()                  # pandas: every metric in long form, one row per logged value
     run.ratings_frame()                  # pandas: the eval/<family>/<player> ratings, one row per value
-    run.evaluations_frame()              # pandas: the evaluations of summary.json and of the jobs' reports
+    run.evaluations                      # jobs/evaluate.py's results: [{"version", "games", "seed", "time", "result"}]
+    run.evaluations_frame()              # pandas: the evaluations of summary.json, evaluations.jsonl and the reports
 
 Nothing here needs the run where it was written: every file is found relative to ``path`` (the absolute paths
 ``summary.json`` lists are for the reader of the job's output, and are never read back), and every read is safe
@@ -98,10 +99,16 @@ class Run:
         frame["player"] = parsed[parsed.notna()].map(lambda fp: fp[1])
         return frame.reset_index(drop=True)
 
+    @property
+    def evaluations(self) -> list[dict[str, Any]]:
+        """``jobs/evaluate.py``'s results (``evaluations.jsonl``), in the order written."""
+        return read_evaluations(self.layout.evaluations)
+
     def evaluations_frame(self):
         """The evaluations of the run's checkpoints, one row each: the final evaluation of ``summary.json`` (source
-        ``summary``) and a ``vs_scripted.json`` report's evaluations of the trained policy and of its reloaded
-        checkpoint (sources ``vs_scripted``, ``vs_scripted/reloaded``). Columns: ``source``, ``version`` and the
+        ``summary``), each of ``jobs/evaluate.py`` (source ``evaluate``) and a ``vs_scripted.json`` report's
+        evaluations of the trained policy and of its reloaded checkpoint (sources ``vs_scripted``,
+        ``vs_scripted/reloaded``). Columns: ``source``, ``version`` and the
         evaluation's own figures (MOBA: games, wins, draws, win_rate, ci95_low, ci95_high, bot, seed; Gymnasium:
         episodes, mean_return, std_return; Neural MMO: worlds, policy_mean_lifetime, policy_ci95_low, ...,
         lifetime_ratio); a figure an evaluation does not have is NaN."""
@@ -111,6 +118,7 @@ class Run:
         summary = self.summary
         if summary.get("final_eval"):
             rows.append(_evaluation_row("summary", summary["version"], summary["final_eval"]))
+        rows += [_evaluation_row("evaluate", record["version"], record["result"]) for record in self.evaluations]
         report_path = self.layout.report("vs_scripted")
         if report_path.is_file():
             report = json.loads(report_path.read_text())
@@ -233,6 +241,35 @@ def read_config_changes(path: str | Path) -> list[dict[str, Any]]:
     """The lines of ``config_changes.jsonl`` in the order written ([] without the file)."""
     path = Path(path)
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def read_evaluations(path: str | Path) -> list[dict[str, Any]]:
+    """The records of ``evaluations.jsonl`` in the order written ([] without the file): ``{"version", "games", "seed",
+    "time", "result"}``. A line that is not such a record (one cut short by a process that died writing it) is
+    skipped, so a reader never fails on the file."""
+    path = Path(path)
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+            if isinstance(record.get("result"), dict) and all(isinstance(record.get(k), int)
+                                                             for k in ("version", "games", "seed")):
+                records.append(record)
+        except (ValueError, AttributeError):
+            continue
+    return records
+
+
+def record_evaluation(path: str | Path, version: int, games: int, seed: int, result: dict[str, Any]
+                      ) -> dict[str, Any]:
+    """Append one ``jobs/evaluate.py`` result to ``evaluations.jsonl`` (one whole line, flushed to disk) and
+    return the record."""
+    record = {"version": version, "games": games, "seed": seed, "time": time.time(), "result": result}
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return record
 
 
 def record_config_changes(path: str | Path, version: int, changes: list[tuple[str, Any, Any]]) -> list[dict[str, Any]]:
