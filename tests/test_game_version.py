@@ -213,7 +213,10 @@ def test_a_run_moves_to_version_2_by_surgery_and_trains_on_both_versions(tmp_pat
     assert report["surgery_from"]["new_action_tolerance"] == NEW_ACTION_TOLERANCE
 
     mixing = ["env.new_version_share.kind=linear", "env.new_version_share.start=0.5", "env.new_version_share.end=1",
-              "env.new_version_share.versions=2", "pipeline.max_versions=5",
+              "env.new_version_share.versions=2",
+              # Six versions at a share of 1 after the schedule's end: every scripted copy ends games (12 steps
+              # each) under version 2 then, where five versions' ~50 steps a copy could all end under version 1.
+              "pipeline.max_versions=10",
               "transport.backend=auto",  # the source's serial runner used the in-process transport
               # Env ranks report their steps (and so the share of version 2 played) every heartbeat: the default
               # second is longer than these versions last on a quiet machine, where no report falls between two.
@@ -223,11 +226,11 @@ def test_a_run_moves_to_version_2_by_surgery_and_trains_on_both_versions(tmp_pat
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=rank_env(), timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = open_run(out)
-    assert run.load_checkpoint().version == 5
+    assert run.load_checkpoint().version == 10
     assert "env.new_version_share" in {c["key"] for c in run.config_changes}  # the surgery's config, mixed
     m = run.metrics
     target = dict(zip(m[M.NEW_VERSION_SHARE_TARGET]["version"], m[M.NEW_VERSION_SHARE_TARGET]["value"]))
-    assert target == pytest.approx({3: 0.75, 4: 1.0, 5: 1.0})
+    assert target == pytest.approx({3: 0.75, **{v: 1.0 for v in range(4, 11)}})
     # The env rank started at version 2's share and took each next one from the controller, up to the schedule's end.
     env_log = (out / "logs" / "rank_1.log").read_text()
     assert "version 4: games start under game version 2 with probability 1.000" in env_log, env_log
