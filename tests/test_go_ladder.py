@@ -254,6 +254,28 @@ def test_a_network_plays_legal_greedy_moves_from_its_committed_checkpoint(tmp_pa
     assert player.simulations == 3 * 8 and paced.simulations >= 3 * 2
 
 
+def test_a_network_player_evaluates_its_paths_in_flight_in_one_batch(tmp_path):
+    """leaves=4: after the root's own evaluation, each search step sends up to four leaves in one forward pass, so a
+    move of 9 simulations takes 3 passes, not 9, and still plays a legal move from the same simulations."""
+    layout, go = go_run(tmp_path)
+    spec = net_spec(str(layout.root), 2, sims=9, leaves=4)
+    assert spec.endswith("version=2,sims=9,leaves=4") and net_spec(str(layout.root), 2, sims=9, leaves=1) == \
+        net_spec(str(layout.root), 2, sims=9)
+    batched, single = (make_player(net_spec(str(layout.root), 2, sims=9, leaves=k), go.board_size, go.komi, seed=3)
+                       for k in (4, 1))
+    for player in (batched, single):
+        passes, inner = [], player.evaluate
+        player.evaluate = lambda planes, legal, inner=inner, passes=passes: passes.append(len(planes)) or inner(
+            planes, legal)
+        moves = random_game(5, 6)
+        action = player.choose(replay(moves), 0, moves)
+        assert replay(moves).legal_mask()[0, action] and player.simulations == 9
+        player.passes = passes
+    assert batched.passes == [1, 4, 4] and single.passes == [1] * 9
+    with pytest.raises(ValueError, match="leaves must be >= 1"):
+        make_player(net_spec(str(layout.root), 1, sims=8) + ",leaves=0", go.board_size, go.komi, 0)
+
+
 def test_sampled_openings_make_two_networks_games_differ_and_replay_from_their_seeds(tmp_path):
     """Without an opening two networks play one game per colour whatever the seeds; with opening=4 the first four
     moves are drawn from the visit counts, so seeds give different games, each replayed exactly from its seed."""

@@ -14,8 +14,11 @@ Specs are ``kind`` or ``kind:key=value,...``; the kinds (``PLAYER_KINDS``; a new
   root noise: evaluation play, as AlphaGo Zero's evaluator and ELF OpenGo's ladder play. Its search takes the run's
   ``c_puct`` and virtual loss; ``c_puct=`` overrides it. ``opening=K``: the game's first K moves (both players'),
   where it is to move, drawn from its search's visit counts at temperature 1 from its seeded stream (ELF OpenGo
-  samples the opening moves so that games between two deterministic networks differ). The spec names run and
-  version, so a ladder's results tell the versions apart.
+  samples the opening moves so that games between two deterministic networks differ). ``leaves=K``: K paths in
+  flight per search step under virtual loss, their leaves evaluated in one forward pass (default 1; the self-play's
+  ``leaves_per_game``): at ``sec``, more simulations a move, since a step's Python and the network's pass cost
+  little more for K leaves than for one. The spec names run and version, so a ladder's results tell the versions
+  apart.
 
 Both rollout searches take ``uct_c`` (default 2) and ``rollouts`` (random playouts per leaf, default 1); every
 search takes either a fixed ``sims`` per move or ``sec``, wall-clock seconds per move (ELF OpenGo compares players at
@@ -222,10 +225,11 @@ def load_go_net(run_dir: str, version: int):
 class NetPlayer:
     """A trained ``GoNet`` at evaluation play: the most visited move of its PUCT search at ``sims`` simulations a
     move (or paced to ``seconds``), no root noise, never resigning (a ladder plays games out); before move
-    ``opening`` of the game, a move drawn from the visit counts (temperature 1) from the ``seed``'s stream."""
+    ``opening`` of the game, a move drawn from the visit counts (temperature 1) from the ``seed``'s stream; ``leaves``
+    paths in flight per search step (virtual loss), evaluated in one batch."""
 
     def __init__(self, name: str, seed: int, board_size: int, komi: float, run_dir: str, version: int,
-                 sims: int | None, seconds: float | None, c_puct: float | None, opening: int = 0):
+                 sims: int | None, seconds: float | None, c_puct: float | None, opening: int = 0, leaves: int = 1):
         from hpc_rl.model.go_net import NetEvaluator  # torch: imported by ladders that rate a network only
 
         net, go = load_go_net(run_dir, version)
@@ -235,7 +239,7 @@ class NetPlayer:
         self.name, self.simulations = name, 0
         self.evaluate = NetEvaluator(net)
         self.config = replace(evaluation_config(go.search, opening), simulations=sims or MIN_SIMULATIONS,
-                              leaves_per_game=1, c_puct=go.search.c_puct if c_puct is None else c_puct)
+                              leaves_per_game=leaves, c_puct=go.search.c_puct if c_puct is None else c_puct)
         self.seed = seed
         self.search: PUCTSearch | None = None
         self.position: GoGames | None = None  # the game being searched, copied: the search owns its games' rows
@@ -280,7 +284,7 @@ def _search_settings(kind: str, options: dict) -> tuple[float, int, int | None, 
 
 
 SEARCH_OPTIONS = {"sims": int, "sec": float, "uct_c": float, "rollouts": int}
-NET_OPTIONS = {"run": str, "version": int, "sims": int, "sec": float, "c_puct": float, "opening": int}
+NET_OPTIONS = {"run": str, "version": int, "sims": int, "sec": float, "c_puct": float, "opening": int, "leaves": int}
 
 
 def _make_net_player(name: str, options: dict, size: int, komi: float, seed: int) -> NetPlayer:
@@ -292,8 +296,10 @@ def _make_net_player(name: str, options: dict, size: int, komi: float, seed: int
         raise ValueError(f"net: c_puct must be >= 0, got {options['c_puct']}")
     if options.get("opening", 0) < 0:
         raise ValueError(f"net: opening must be >= 0 (moves drawn at temperature 1), got {options['opening']}")
+    if options.get("leaves", 1) < 1:
+        raise ValueError(f"net: leaves must be >= 1 (paths in flight per search step), got {options['leaves']}")
     return NetPlayer(name, seed, size, komi, options["run"], options["version"], sims, seconds,
-                     options.get("c_puct"), options.get("opening", 0))
+                     options.get("c_puct"), options.get("opening", 0), options.get("leaves", 1))
 
 
 PLAYER_KINDS: dict[str, PlayerKind] = {
@@ -307,13 +313,13 @@ PLAYER_KINDS: dict[str, PlayerKind] = {
 
 
 def net_spec(run_dir: str, version: int, sims: int | None = None, seconds: float | None = None,
-             opening: int = 0) -> str:
+             opening: int = 0, leaves: int = 1) -> str:
     """The spec of version ``version`` of the run in ``run_dir`` at ``sims`` simulations or ``seconds`` a move, its
-    first ``opening`` moves sampled."""
+    first ``opening`` moves sampled, ``leaves`` paths in flight per search step."""
     if "," in str(run_dir):
         raise ValueError(f"{run_dir}: a run directory named in a player spec cannot hold a comma")
     return (f"net:run={run_dir},version={version}," + (f"sims={sims}" if seconds is None else f"sec={seconds}")
-            + (f",opening={opening}" if opening else ""))
+            + (f",opening={opening}" if opening else "") + (f",leaves={leaves}" if leaves != 1 else ""))
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
