@@ -35,10 +35,8 @@ import sys
 import numpy as np
 
 from hpc_rl.stats import wilson_interval
-from hpc_rl.storage.layout import RunLayout
-from hpc_rl.storage.run import read_evaluations
 from hpc_rl.metric_names import ENV_STEPS, GAMES_VS_SCRIPTED, WIN_RATE_VS_SCRIPTED, WIN_RATE_WINDOW
-from hpc_rl.study import (VERSION_LABEL, Output, RunData, fmt, load_runs, markdown_table, pyplot,
+from hpc_rl.study import (VERSION_LABEL, Output, RunData, checkpoint_rows, fmt, load_runs, markdown_table, pyplot,
                           run_script, script_parser)
 
 
@@ -72,31 +70,6 @@ def win_rate_rows(run: RunData, z: float) -> np.ndarray:
         wins = round(p * n)  # the rate is wins / games of integers: rounding undoes the float division
         low, high = wilson_interval(wins, n, z)
         out.append((int(v), n, wins, wins / n, low, high))
-    return np.array(out, dtype=np.float64).reshape(-1, 6)
-
-
-def checkpoint_rows(run: RunData, z: float) -> np.ndarray:
-    """(version, games, wins, win rate, low, high) for every checkpoint of ``run`` with a MOBA evaluation in its
-    evaluations.jsonl, the games of its different (games, seed) evaluations summed. Only the latest record's scripted
-    bot (``bot_hash``) counts: results against an earlier bot are left out with a note."""
-    records = {}  # one per (version, games, seed, bot): an evaluation recorded twice counts once
-    for record in read_evaluations(RunLayout(run.path).evaluations):
-        result = record["result"]
-        if "wins" in result and result.get("bot_hash"):  # a MOBA evaluation against the scripted bot
-            key = (record["version"], record["games"], record["seed"], result["bot_hash"])
-            records[key] = (int(result["games"]), int(result["wins"]))
-    bots = list(dict.fromkeys(key[3] for key in records))
-    if len(bots) > 1:
-        print(f"note: {run.label}: {sum(key[3] != bots[-1] for key in records)} evaluations against an earlier "
-              f"scripted bot left out")
-    pooled: dict[int, np.ndarray] = {}
-    for (version, _, _, bot), played in records.items():
-        if bot == bots[-1]:
-            pooled[version] = pooled.get(version, np.zeros(2)) + played
-    out = []
-    for version in sorted(pooled):
-        n, wins = pooled[version]
-        out.append((version, n, wins, wins / n, *wilson_interval(int(wins), int(n), z)))
     return np.array(out, dtype=np.float64).reshape(-1, 6)
 
 

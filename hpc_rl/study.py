@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from hpc_rl import metric_names as M
-from hpc_rl.stats import Spread, permutation_p, spread
+from hpc_rl.stats import Spread, permutation_p, spread, wilson_interval
 from hpc_rl.storage import open_run
 from hpc_rl.storage.layout import INDEX_FILE, RunLayout, runs_index
+from hpc_rl.storage.run import read_evaluations
 
 TRUESKILL_PREFIX = M.rating(M.TRUESKILL, "")
 TRUESKILL_POLICY = M.rating(M.TRUESKILL, M.POLICY)  # the trained policy's rating; other players are reference agents
@@ -250,6 +251,31 @@ class RunData:
 
     def has(self, name: str) -> bool:
         return name in self.metrics and self.metrics[name].size > 0
+
+
+def checkpoint_rows(run: RunData, z: float) -> np.ndarray:
+    """(version, games, wins, win rate, low, high) for every checkpoint of ``run`` with a MOBA evaluation in its
+    evaluations.jsonl, the games of its different (games, seed) evaluations summed. Only the latest record's scripted
+    bot (``bot_hash``) counts: results against an earlier bot are left out with a note."""
+    records = {}  # one per (version, games, seed, bot): an evaluation recorded twice counts once
+    for record in read_evaluations(RunLayout(run.path).evaluations):
+        result = record["result"]
+        if "wins" in result and result.get("bot_hash"):  # a MOBA evaluation against the scripted bot
+            key = (record["version"], record["games"], record["seed"], result["bot_hash"])
+            records[key] = (int(result["games"]), int(result["wins"]))
+    bots = list(dict.fromkeys(key[3] for key in records))
+    if len(bots) > 1:
+        print(f"note: {run.label}: {sum(key[3] != bots[-1] for key in records)} evaluations against an earlier "
+              f"scripted bot left out")
+    pooled: dict[int, np.ndarray] = {}
+    for (version, _, _, bot), played in records.items():
+        if bot == bots[-1]:
+            pooled[version] = pooled.get(version, np.zeros(2)) + played
+    out = []
+    for version in sorted(pooled):
+        n, wins = pooled[version]
+        out.append((version, n, wins, wins / n, *wilson_interval(int(wins), int(n), z)))
+    return np.array(out, dtype=np.float64).reshape(-1, 6)
 
 
 def config_value(config: dict[str, Any], key: str) -> Any:
