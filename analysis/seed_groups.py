@@ -44,7 +44,7 @@ def group_rates(name: str, version: int, paths: list[str], z: float) -> list[tup
     out = []
     for run in load_runs(paths):
         rows = checkpoint_rows(run, z)
-        at = rows[rows[:, 0] == version] if len(rows) else rows
+        at = rows[rows[:, 0] == version]  # checkpoint_rows is (0, 6) for a run never evaluated
         if not len(at):
             raise ValueError(f"group {name!r}: {run.path} has no evaluation of version {version} "
                              f"(jobs/evaluate.py {run.path} --version {version})")

@@ -263,15 +263,13 @@ def test_a_network_player_evaluates_its_paths_in_flight_in_one_batch(tmp_path):
         net_spec(str(layout.root), 2, sims=9)
     batched, single = (make_player(net_spec(str(layout.root), 2, sims=9, leaves=k), go.board_size, go.komi, seed=3)
                        for k in (4, 1))
-    for player in (batched, single):
-        passes, inner = [], player.evaluate
-        player.evaluate = lambda planes, legal, inner=inner, passes=passes: passes.append(len(planes)) or inner(
-            planes, legal)
-        moves = random_game(5, 6)
+    moves, passes = random_game(5, 6), {}
+    for k, player in ((4, batched), (1, single)):
+        inner, passes[k] = player.evaluate, []
+        player.evaluate = lambda planes, legal, inner=inner, k=k: passes[k].append(len(planes)) or inner(planes, legal)
         action = player.choose(replay(moves), 0, moves)
         assert replay(moves).legal_mask()[0, action] and player.simulations == 9
-        player.passes = passes
-    assert batched.passes == [1, 4, 4] and single.passes == [1] * 9
+    assert passes == {4: [1, 4, 4], 1: [1] * 9}
     with pytest.raises(ValueError, match="leaves must be >= 1"):
         make_player(net_spec(str(layout.root), 1, sims=8) + ",leaves=0", go.board_size, go.komi, 0)
 

@@ -15,8 +15,8 @@ Specs are ``kind`` or ``kind:key=value,...``; the kinds (``PLAYER_KINDS``; a new
   ``c_puct`` and virtual loss; ``c_puct=`` overrides it. ``opening=K``: the game's first K moves (both players'),
   where it is to move, drawn from its search's visit counts at temperature 1 from its seeded stream (ELF OpenGo
   samples the opening moves so that games between two deterministic networks differ). ``leaves=K``: K paths in
-  flight per search step under virtual loss, their leaves evaluated in one forward pass (default 1; the self-play's
-  ``leaves_per_game``): at ``sec``, more simulations a move, since a step's Python and the network's pass cost
+  flight per search step under virtual loss, their leaves evaluated in one forward pass (default 1; what
+  self-play's ``leaves_per_game`` does): at ``sec``, more simulations a move, since a step's Python and the network's pass cost
   little more for K leaves than for one. The spec names run and version, so a ladder's results tell the versions
   apart.
 
