@@ -252,6 +252,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--panels", nargs="+", default=list(PANELS), choices=PANELS)
     p.add_argument("--experiment", default="figure5", help="the member's preset, conf/experiment/<name>.yaml")
     p.add_argument("--seeds", nargs="+", help="seeds of every value (default: the ablation config's)")
+    p.add_argument("--values", nargs="+", help="the swept values to run, some of the ablation config's (default: "
+                   "all); one panel only. A direction test compares the baseline with the value farthest from it, "
+                   "so a replication of that test may run those two alone")
     p.add_argument("--versions", type=int, default=250, help="pipeline.max_versions of the staleness and reuse "
                    "members (default 250)")
     p.add_argument("--batch-versions", type=int, help="pipeline.max_versions of the batch-size members (default: "
@@ -270,9 +273,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     batch_versions = args.batch_versions or max(1, args.versions // 2)
     if args.parallel < 1 or args.versions < 1 or batch_versions < 1:
         raise SystemExit("--parallel, --versions and --batch-versions must be >= 1")
+    if args.values and len(args.panels) != 1:
+        raise SystemExit(f"--values picks values of one panel's key; name one panel, got {' '.join(args.panels)}")
     panels = []
     for name in args.panels:
         panel = read_panel(name)
+        if args.values:
+            unknown = [v for v in args.values if not any(same_value(v, w) for w in panel.values)]
+            if unknown:
+                raise SystemExit(f"--values {' '.join(unknown)}: not among the {name} panel's values "
+                                 f"{', '.join(panel.values)} (conf/ablation/{name}.yaml)")
+            panel = replace(panel, values=tuple(w for w in panel.values if any(same_value(v, w) for v in args.values)))
         # An override of a setting the ablation config fixes wins on every member, so it is what a member has.
         given = dict(o.lstrip("+").split("=", 1) for o in args.overrides if "=" in o)
         settings = tuple((k, given.get(k, v)) for k, v in panel.settings)

@@ -105,6 +105,25 @@ def test_dry_run_skips_finished_members(tmp_path, capsys):
     assert "pipeline.max_versions=20 pipeline.segments_per_batch=1,2,4,8 seed=3" in capsys.readouterr().out
 
 
+def test_values_run_some_of_a_panels_values(tmp_path, capsys):
+    """``--values`` keeps the panel's order and counts only its members; a value the ablation config does not sweep,
+    or values given for two panels at once, are refused before anything runs."""
+    assert main(["--runs", str(tmp_path), "--panels", "reuse", "--seeds", "3", "4", "--values", "4", "1.0",
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "4 members in 1 panel(s): 0 finished (skipped), 4 to run" in out
+    assert "pipeline.target_reuse=1,4 seed=3,4\n" in out
+    main(["--runs", str(tmp_path), "--panels", "reuse", "--seeds", "3", "--values", "1", "4", "--dry-run",
+          "--launcher", "local"])
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    assert [c.split()[-2:] for c in commands] == [["pipeline.target_reuse=1", "seed=3"],
+                                                   ["pipeline.target_reuse=4", "seed=3"]]
+    with pytest.raises(SystemExit, match=r"--values 3: not among the reuse panel's values 1, 2, 4"):
+        main(["--runs", str(tmp_path), "--panels", "reuse", "--values", "1", "3", "--dry-run"])
+    with pytest.raises(SystemExit, match="name one panel, got staleness reuse"):
+        main(["--runs", str(tmp_path), "--panels", "staleness", "reuse", "--values", "1", "--dry-run"])
+
+
 def test_a_run_without_the_panels_own_settings_is_not_its_member(tmp_path, capsys):
     """The reuse panel fixes a learning rate: a finished run of the same value and seed at another rate (an earlier
     panel's) is not one of its members, unless the command line overrides the rate to that one."""
