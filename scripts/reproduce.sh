@@ -22,6 +22,11 @@ PANELS=${REPRO_PANELS:-batch_size staleness reuse}
 # versions to a threshold (~15%) leaves 4 too few for effects below ~1.5x. Not the pilot's seeds (3, 4, 5) that
 # chose the thresholds below, nor the seeds the defaults were tuned on (0, 1, 2).
 SEEDS=${REPRO_SEEDS:-10 11 12 13 14 15}
+# The reuse panel's test needs more: reuse 4 against 1 alone, 24 seeds each (seeds 30-53), the replication whose test
+# was registered on an earlier 15-seed panel (docs/analysis.md, "Reuse: a registered replication"). Reuse 2 is one
+# more value at the same cost (REPRO_REUSE_VALUES="1 2 4").
+REUSE_SEEDS=${REPRO_REUSE_SEEDS:-${REPRO_SEEDS:-$(seq -s ' ' 30 53)}}
+REUSE_VALUES=${REPRO_REUSE_VALUES:-1 4}
 # Return thresholds (CartPole-v1 starts near 20 and ends at 500) and the one each panel's direction test uses, as
 # a pilot suggested (docs/analysis.md): stale data sped up the first rise and slowed the approach to high returns,
 # so staleness and reuse are tested at 350; the 4x batch's lead was widest at low returns and the batch members'
@@ -29,14 +34,24 @@ SEEDS=${REPRO_SEEDS:-10 11 12 13 14 15}
 # names one.
 THRESHOLDS=${REPRO_THRESHOLDS:-150 250 350}
 TEST_THRESHOLD=${REPRO_TEST_THRESHOLD:-$([ -n "${REPRO_THRESHOLDS:-}" ] || echo 350)}
+# Reuse at 450: the data-limited members part at high returns (reuse 4 stalls short of them more often).
+REUSE_THRESHOLDS=${REPRO_REUSE_THRESHOLDS:-250 350 450}
+REUSE_TEST_THRESHOLD=${REPRO_REUSE_TEST_THRESHOLD:-$([ -n "${REPRO_REUSE_THRESHOLDS:-}" ] || echo 450)}
 BATCH_THRESHOLDS=${REPRO_BATCH_THRESHOLDS:-100 150 200}
 BATCH_TEST_THRESHOLD=${REPRO_BATCH_TEST_THRESHOLD:-}
 
 [ "$LAUNCHER" = local ] || bash slurm/local_cluster.sh up
 mkdir -p "$OUT" "$RUNS"
 # shellcheck disable=SC2086  # the lists split into words on purpose
-$PY -m hpc_rl.reproduce --runs "$RUNS" --panels $PANELS --seeds $SEEDS --versions "$VERSIONS" \
-    --batch-versions "$BATCH_VERSIONS" --parallel "$PARALLEL" --launcher "$LAUNCHER" ${REPRO_OVERRIDES:-}
+others=$(for panel in $PANELS; do [ "$panel" = reuse ] || echo "$panel"; done)
+if [ -n "$others" ]; then
+    $PY -m hpc_rl.reproduce --runs "$RUNS" --panels $others --seeds $SEEDS --versions "$VERSIONS" \
+        --batch-versions "$BATCH_VERSIONS" --parallel "$PARALLEL" --launcher "$LAUNCHER" ${REPRO_OVERRIDES:-}
+fi
+if [[ " $PANELS " == *" reuse "* ]]; then
+    $PY -m hpc_rl.reproduce --runs "$RUNS" --panels reuse --values $REUSE_VALUES --seeds $REUSE_SEEDS \
+        --versions "$VERSIONS" --parallel "$PARALLEL" --launcher "$LAUNCHER" ${REPRO_OVERRIDES:-}
+fi
 echo "== plots ($(date +%H:%M))"
 sweeps=()
 for panel in $PANELS; do sweeps+=("$RUNS/$panel"); done
@@ -49,6 +64,9 @@ for panel in $PANELS; do
     if [ "$panel" = batch_size ]; then
         args=(--baseline 2 --thresholds $BATCH_THRESHOLDS
               ${BATCH_TEST_THRESHOLD:+--test-threshold $BATCH_TEST_THRESHOLD})
+    elif [ "$panel" = reuse ]; then
+        args=(--baseline smallest --thresholds $REUSE_THRESHOLDS
+              ${REUSE_TEST_THRESHOLD:+--test-threshold $REUSE_TEST_THRESHOLD})
     else
         args=(--baseline smallest --thresholds $THRESHOLDS ${TEST_THRESHOLD:+--test-threshold $TEST_THRESHOLD})
     fi
