@@ -20,6 +20,8 @@ from hpc_rl.model.config import GoNetConfig
 from hpc_rl.model.go_net import GoNet
 from hpc_rl.runner import SerialRunner
 from hpc_rl.storage import open_run
+from hpc_rl.storage.hdf5 import DamagedFileError
+from hpc_rl.storage.replay_buffer import read_replay_buffer, write_replay_buffer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,6 +49,43 @@ def test_replay_buffer_keeps_the_newest_positions_in_order_and_samples_them_unif
     counts = np.bincount(drawn - 9, minlength=5)
     assert set(drawn) == {9, 10, 11, 12, 13} and np.all(np.abs(counts / 20_000 - 0.2) < 0.015)
     assert list(buffer.winner[buffer.order()]) == [1] * 5 and buffer.black_win_share() == 0.0
+
+
+def test_replay_buffer_file_restores_the_positions_of_versions_up_to_the_resumed_one(tmp_path):
+    """A learner's buffer written whole and read back (``hpc_rl.storage.replay_buffer``): the positions in order,
+    0/1 planes stored as uint8 and read back exact; a resume from an earlier version than the file's drops later
+    networks' positions; a smaller buffer keeps the newest; a damaged file is refused by name."""
+    rng = np.random.default_rng(0)
+    buffer = ReplayBuffer(8, 5, NUM_PLANES)
+    for game, version in enumerate((1, 3, 5, 7)):  # three positions a game, the versions that played them
+        buffer.add(rng.integers(0, 2, (3, NUM_PLANES, 5, 5)).astype(np.float32), rng.random((3, 26), np.float32),
+                   np.array([1.0, -1.0, 1.0], np.float32), np.full(3, version), game % 2)
+    path = tmp_path / "replay_buffer" / "learner0.h5"
+    write_replay_buffer(path, buffer.state(), version=8)
+    arrays, attrs = read_replay_buffer(path)
+    assert attrs["version"] == 8 and arrays["planes"].dtype == np.float32
+    for name, held in buffer.state().items():
+        assert np.array_equal(arrays[name], held), name
+    again = ReplayBuffer(8, 5, NUM_PLANES)
+    assert again.restore(arrays, 8) == 8 and np.array_equal(again.state()["pi"], buffer.state()["pi"])
+    assert list(again.version[again.order()]) == [3, 3, 5, 5, 5, 7, 7, 7]
+    again.add(np.zeros((1, NUM_PLANES, 5, 5), np.float32), np.zeros((1, 26), np.float32), np.zeros(1, np.float32),
+              np.array([9]), 0)  # the oldest makes way, as before the resume
+    assert list(again.version[again.order()]) == [3, 5, 5, 5, 7, 7, 7, 9]
+    earlier = ReplayBuffer(8, 5, NUM_PLANES)
+    assert earlier.restore(arrays, 5) == 5 and list(earlier.version[earlier.order()]) == [3, 3, 5, 5, 5]
+    smaller = ReplayBuffer(4, 5, NUM_PLANES)
+    assert smaller.restore(arrays, 8) == 4 and list(smaller.version[smaller.order()]) == [5, 7, 7, 7]
+    with pytest.raises(ValueError, match="rows of shape"):
+        ReplayBuffer(8, 9, NUM_PLANES).restore(arrays, 8)
+    with pytest.raises(ValueError, match="holds positions"):
+        again.restore(arrays, 8)
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedFileError, match="learner0.h5: digest mismatch"):
+        read_replay_buffer(path)
+    assert read_replay_buffer(tmp_path / "none.h5") is None
 
 
 def slow_even_win_probabilities(winners):
@@ -180,10 +219,25 @@ def test_go_selfplay_learns_and_commits_checkpoints_under_mpi_and_resumes(tmp_pa
     accounting = json.loads((tmp_path / "go" / "accounting.json").read_text())
     produced, consumed, left = ({tuple(i) for i in accounting[k]} for k in ("produced", "consumed", "left"))
     assert consumed and consumed | left == produced and not consumed & left
+    # The learner wrote its replay buffer at its last version; the resumed learner starts from it, not empty.
+    buffer_file = tmp_path / "go" / "replay_buffer" / "learner0.h5"
+    arrays, attrs = read_replay_buffer(buffer_file)
+    assert attrs["version"] == 4 and len(arrays["z"]) > 0 and arrays["version"].max() <= 4
     set_torch_threads()
     runner = SerialRunner(go5(tmp_path, "run_name=go", "pipeline.max_versions=5"))
     assert runner.learner.version == 4
+    assert runner.learner_worker.buffer.size == min(len(arrays["z"]), runner.learner_worker.buffer.capacity)
+    assert np.array_equal(runner.learner_worker.buffer.state()["pi"], arrays["pi"][-runner.learner_worker.buffer.size:])
     runner.run()
     run = open_run(tmp_path / "go")
     assert run.checkpoint_versions[-1] == 5
     assert list(run.metrics[M.LOSS]["version"]) == [1, 2, 3, 4, 5]
+    assert read_replay_buffer(buffer_file)[1]["version"] == 5
+    # A damaged buffer file is set aside for a person to look at; the resumed learners start empty.
+    data = bytearray(buffer_file.read_bytes())
+    data[-100] ^= 0xFF
+    buffer_file.write_bytes(bytes(data))
+    runner = SerialRunner(go5(tmp_path, "run_name=go", "pipeline.max_versions=6"))
+    assert runner.learner_worker.buffer.size == 0 and not buffer_file.exists()
+    assert len(list(buffer_file.parent.glob("learner0.h5.damaged.*"))) == 1
+    runner.close()

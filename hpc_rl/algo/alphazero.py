@@ -78,6 +78,30 @@ class ReplayBuffer:
         start = self.next if self.size == self.capacity else 0
         return (start + np.arange(self.size)) % self.capacity
 
+    def state(self) -> dict[str, np.ndarray]:
+        """The positions held, oldest first (what ``restore`` takes back)."""
+        rows = self.order()
+        return {"planes": self.planes[rows], "pi": self.pi[rows], "z": self.z[rows], "version": self.version[rows],
+                "winner": self.winner[rows]}
+
+    def restore(self, state: dict[str, np.ndarray], up_to_version: int) -> int:
+        """Fill an empty buffer with ``state``'s positions played by versions up to ``up_to_version`` (a run resumed
+        from an earlier checkpoint than the buffer's holds no games of later networks), the newest ``capacity`` of
+        them. Returns how many it holds."""
+        if self.size:
+            raise ValueError("restoring into a buffer that holds positions")
+        shapes = {"planes": self.planes.shape[1:], "pi": self.pi.shape[1:], "z": (), "version": (), "winner": ()}
+        for name, shape in shapes.items():
+            if name not in state or state[name].shape[1:] != shape:
+                got = state[name].shape[1:] if name in state else "missing"
+                raise ValueError(f"replay buffer {name!r}: rows of shape {got}, this buffer holds {shape}")
+        keep = np.flatnonzero(state["version"] <= up_to_version)[-self.capacity:]
+        n = len(keep)
+        for name in shapes:
+            getattr(self, name)[:n] = state[name][keep]
+        self.size, self.next, self.added = n, n % self.capacity, n
+        return n
+
     def black_win_share(self) -> float:
         """The share of the positions held that come from games black won."""
         return float((self.winner[:self.size] == 0).mean()) if self.size else 0.0

@@ -40,6 +40,9 @@ from hpc_rl.roles.control import ControlLink
 from hpc_rl.roles.learner import LockstepLearner, may_update
 from hpc_rl.roles.protocol import (TAG_CHECKPOINT, TAG_METRICS, TAG_STOP, encode_parameters, go_reply_layout,
                                    go_request_layout)
+from hpc_rl.storage.hdf5 import DamagedFileError, set_aside
+from hpc_rl.storage.layout import RunLayout
+from hpc_rl.storage.replay_buffer import read_replay_buffer, write_replay_buffer
 from hpc_rl.transport import ExperienceRing, ParameterChannel, StepExchange
 
 log = logging.getLogger(__name__)
@@ -246,6 +249,9 @@ class GoLearnerWorker(LockstepLearner):
         # Learners start from learner 0's network.
         self.allreduce.broadcast_([t for t in self.net.state_dict().values() if t.is_floating_point()])
         self.buffer = ReplayBuffer(az.replay_positions, go.board_size, NUM_PLANES)
+        self.buffer_path = RunLayout.of(config.runs_dir, config.run_name).replay_buffer(self.index)
+        if resume is not None:
+            self.restore_buffer(resume[0])
         self.schema = GameSchema(go.board_size, go.game_length)
         self.rng = np.random.default_rng([config.seed, self.index, self.learner.version])
         self.target_reuse = float("inf") if az.target_reuse is None else az.target_reuse
@@ -255,6 +261,37 @@ class GoLearnerWorker(LockstepLearner):
 
     def publish(self) -> None:
         self.params.publish(encode_parameters(self.learner.version, self.net))
+
+    def save_buffer(self) -> None:
+        """This learner's replay buffer to its file (``hpc_rl.storage.replay_buffer``), with the version it is at."""
+        started = time.monotonic()
+        write_replay_buffer(self.buffer_path, self.buffer.state(), version=self.learner.version)
+        log.info("replay buffer: %d positions written to %s at version %d in %.1f s", self.buffer.size,
+                 self.buffer_path, self.learner.version, time.monotonic() - started)
+
+    def restore_buffer(self, version: int) -> None:
+        """On resume: the positions of this learner's buffer file played by versions up to ``version``. A file
+        that cannot be trusted is set aside (the learners start from an empty buffer, as a new run does)."""
+        try:
+            found = read_replay_buffer(self.buffer_path)
+        except DamagedFileError as err:
+            log.warning("replay buffer not restored, set aside as %s: %s", set_aside(self.buffer_path), err)
+            return
+        if found is None:
+            log.warning("replay buffer: no %s to restore; the learners start from an empty buffer", self.buffer_path)
+            return
+        arrays, attrs = found
+        try:
+            held = self.buffer.restore(arrays, version)
+        except ValueError as err:  # another board size: the resume refuses other network shapes before this
+            log.warning("replay buffer %s not restored: %s", self.buffer_path, err)
+            return
+        log.info("replay buffer: %d of the %d positions of %s (written at version %s) restored", held,
+                 len(arrays["z"]), self.buffer_path, attrs.get("version"))
+
+    def final_checkpoint(self) -> None:
+        super().final_checkpoint()
+        self.save_buffer()
 
     def take_games(self) -> list[tuple[int, int, int]]:
         """Every game in the ring into the replay buffer, oldest first; their ids."""
@@ -311,6 +348,8 @@ class GoLearnerWorker(LockstepLearner):
             self.link.send((version, metrics), TAG_METRICS)
             if version % pipeline.checkpoint_every == 0 and not self.nonfinite_streak:
                 self.link.send((version, self.learner.checkpoint_sections()), TAG_CHECKPOINT)
+        if version % pipeline.checkpoint_every == 0 and not self.nonfinite_streak:
+            self.save_buffer()
         if self.nonfinite_streak >= pipeline.max_nonfinite:
             self._halt(version)
         return True

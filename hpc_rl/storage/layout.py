@@ -96,6 +96,11 @@ class RunLayout:
         """An animated GIF of a game played by the run's checkpoint (``python -m hpc_rl.envs.render --run``)."""
         return self.root / "replay.gif"
 
+    def replay_buffer(self, learner: int) -> Path:
+        """A Go learner's replay buffer, written at its checkpoints and read when the run resumes
+        (``hpc_rl.storage.replay_buffer``)."""
+        return self.root / "replay_buffer" / f"learner{learner}.h5"
+
     @property
     def accounting(self) -> Path:
         """Segment ids produced, consumed and left at the stop (exactly-once accounting)."""
