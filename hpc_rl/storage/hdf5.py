@@ -115,6 +115,17 @@ class Digested:
     def _header(self, fmt: int, size: int, digest: str) -> bytes:
         return f"hpc_rl {self.kind} {fmt}\nsize {size}\nblake2b-256 {digest}\n".encode().ljust(HEADER_BYTES, b"\0")
 
+    def write(self, path: Path, fill: Callable[[h5py.File], None]) -> None:
+        """Replace ``path`` with the HDF5 file ``fill`` writes, behind this digest header, crash-safely: a temporary
+        file, flushed and fsynced, then ``os.replace``; a failed write leaves no temporary file."""
+        payload = hdf5_image(fill, userblock=HEADER_BYTES)[HEADER_BYTES:]
+        tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+        write_new_file(tmp, (self.header(payload), payload))
+        try:
+            replace_durably(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)  # left only when the replace failed
+
     def header_format(self, data: bytes) -> int | None:
         """The format the header's first line names (None when there is no such line)."""
         found = re.match(rb"hpc_rl " + re.escape(self.kind.encode()) + rb" (\d+)\n", data[:HEADER_BYTES])

@@ -15,15 +15,14 @@ is refused (``FormatError``). docs/FORMAT.md specifies the file.
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 from hpc_rl.storage.checkpoint import checkpoint_name
-from hpc_rl.storage.hdf5 import (FORMAT_ATTR, HEADER_BYTES, PARSE_ERRORS, DamagedFileError, Digested, check_format,
-                                 hdf5_image, is_bare_hdf5, replace_durably, write_new_file)
+from hpc_rl.storage.hdf5 import (FORMAT_ATTR, PARSE_ERRORS, DamagedFileError, Digested, check_format,
+                                 is_bare_hdf5)
 
 FORMAT = 2  # 2: the digest header in the user block; 1: versions, qualities and checkpoint names without it
 DIGEST = Digested("pool.h5", FORMAT)
@@ -47,13 +46,7 @@ def write_pool(path: str | Path, versions: list[int], qualities: list[float], **
         for key, value in attrs.items():
             f.attrs[key] = value
 
-    payload = hdf5_image(fill, userblock=HEADER_BYTES)[HEADER_BYTES:]
-    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    write_new_file(tmp, (DIGEST.header(payload), payload))
-    try:
-        replace_durably(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # left only when the replace failed
+    DIGEST.write(path, fill)
 
 
 def read_pool(path: str | Path) -> tuple[list[int], list[float], dict] | None:

@@ -19,14 +19,12 @@ of the bytes. docs/FORMAT.md specifies the file.
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from hpc_rl.storage.hdf5 import (FORMAT_ATTR, HEADER_BYTES, PARSE_ERRORS, DamagedFileError, Digested, check_format,
-                                 hdf5_image, replace_durably, write_new_file)
+from hpc_rl.storage.hdf5 import FORMAT_ATTR, PARSE_ERRORS, DamagedFileError, Digested, check_format
 
 FORMAT = 1
 DIGEST = Digested("replay_buffer", FORMAT, first=1)
@@ -55,13 +53,7 @@ def write_replay_buffer(path: str | Path, arrays: dict[str, np.ndarray], **attrs
             f.attrs[key] = value
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = hdf5_image(fill, userblock=HEADER_BYTES)[HEADER_BYTES:]
-    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    write_new_file(tmp, (DIGEST.header(payload), payload))
-    try:
-        replace_durably(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # left only when the replace failed
+    DIGEST.write(path, fill)
 
 
 def read_replay_buffer(path: str | Path) -> tuple[dict[str, np.ndarray], dict] | None:
