@@ -19,6 +19,8 @@ from hpc_rl.storage import MetricsWriter, open_run, read_metrics, read_pool, wri
 from hpc_rl.storage.hdf5 import HEADER_BYTES, FormatError
 from hpc_rl.storage.metrics import FORMAT as METRICS_FORMAT
 from hpc_rl.storage.pool import FORMAT as POOL_FORMAT
+from hpc_rl.storage.replay_buffer import FORMAT as REPLAY_BUFFER_FORMAT
+from hpc_rl.storage.replay_buffer import read_replay_buffer, write_replay_buffer
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
@@ -53,6 +55,23 @@ def test_metrics_carry_their_format_read_it_unversioned_and_refuse_a_newer_one(t
     with pytest.raises(FormatError, match=message):  # a resume neither sets it aside nor rewrites it
         MetricsWriter(path, resume_version=0, recover=True)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.h5"]
+
+
+def test_a_replay_buffer_carries_its_format_and_refuses_a_newer_one(tmp_path):
+    path = tmp_path / "replay_buffer" / "learner0.h5"
+    write_replay_buffer(path, {"z": np.array([1.0, -1.0], np.float32), "version": np.array([3, 4])}, version=4)
+    data = path.read_bytes()
+    assert data.startswith(b"hpc_rl replay_buffer 1\nsize ")  # the digest header
+    with h5py.File(path, "r") as f:
+        assert f.attrs["format"] == REPLAY_BUFFER_FORMAT == 1
+    arrays, attrs = read_replay_buffer(path)
+    assert attrs == {"version": 4} and arrays["z"].tolist() == [1.0, -1.0] and arrays["version"].tolist() == [3, 4]
+    path.write_bytes(data[:HEADER_BYTES].replace(b"replay_buffer 1", b"replay_buffer 2") + data[HEADER_BYTES:])
+    with pytest.raises(FormatError, match=r"replay_buffer format 2, newer than this version of hpc_rl reads "
+                                          r"\(format 1 at most\)"):
+        read_replay_buffer(path)
+    with pytest.raises(ValueError, match="different lengths"):
+        write_replay_buffer(path, {"z": np.zeros(2), "version": np.zeros(3)})
 
 
 def test_the_pool_carries_its_format_reads_earlier_ones_and_refuses_a_newer_one(tmp_path):
