@@ -83,10 +83,29 @@ class PolicyActor:
         self.starts |= ends.reshape(-1)[self.rows]
 
 
-class PopulationActors:
-    """Actors of disjoint agents as one: each population's policy (``hpc_rl.populations``) playing its own agents."""
+class MaskedActor:
+    """A bot (``RandomBot``: its choices depend on the current observation only) playing the agents ``agents`` ((E,
+    A) bool); its actions are 0 for the others, as ``PolicyActor``'s, so that it plays beside other actors in one
+    world (``PopulationActors``)."""
 
-    def __init__(self, actors: list[PolicyActor]):
+    def __init__(self, bot: Actor, agents: np.ndarray):
+        self.bot, self.agents = bot, np.asarray(agents, dtype=bool)
+
+    def act(self, obs: Obs) -> Actions:
+        return {head: np.where(self.agents, chosen, 0) for head, chosen in self.bot.act(obs).items()}
+
+    def reset(self, done: np.ndarray) -> None:
+        self.bot.reset(done)
+
+    def reset_agents(self, ends: np.ndarray) -> None:
+        """Nothing to forget: the bot keeps no state per agent."""
+
+
+class PopulationActors:
+    """Actors of disjoint agents as one: each population's policy (``hpc_rl.populations``) playing its own agents,
+    or a bot some of them (``MaskedActor``)."""
+
+    def __init__(self, actors: list[PolicyActor | MaskedActor]):
         self.actors = actors
 
     def act(self, obs: Obs) -> Actions:

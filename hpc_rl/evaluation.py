@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import yaml
 
-from hpc_rl.actors import Actor, PolicyActor, PopulationActors
+from hpc_rl.actors import Actor, MaskedActor, PolicyActor, PopulationActors
 from hpc_rl.config import TrainConfig, build_config
 from hpc_rl.envs.api import VecEnv
 from hpc_rl.model.policy import Policy
@@ -177,32 +177,41 @@ class NmmoRollout:
         return agent % AGENT_STRIDE < self.num_agents
 
 
-def nmmo_rollout(player: Policy | list[Policy] | str, config: TrainConfig, copies: int, seed: int,
-                 max_ticks: int = NMMO_EVAL_TICKS) -> NmmoRollout:
+def nmmo_rollout(player: Policy | list[Policy | str] | str, config: TrainConfig, copies: int, seed: int,
+                 max_ticks: int = NMMO_EVAL_TICKS, teams: np.ndarray | None = None) -> NmmoRollout:
     """Neural MMO: ``player`` (a policy, or one per population, sampling as in training, or "random", uniform over
     the legal actions) plays
     every agent of ``copies`` worlds of the run's settings from ``seed``, until the first ``num_agents`` agents to
     spawn in each world have died, or ``max_ticks`` ticks. Returns their lifetimes (ticks), how many of them were
     still alive at the end (they count the ticks they had lived: a lower bound), and every agent's visits and attacks
     (``NmmoRollout``). A cohort of the first spawns has the same size for every player, unlike the deaths within a
-    window of ticks, which favour short lives."""
+    window of ticks, which favour short lives. ``teams`` ((num_agents,) int, 0..k-1) puts the slots in k groups in
+    place of the run's populations, ``player`` then one policy or "random" per group, all in the same worlds
+    (``head_to_head_teams``); ``NmmoRollout.population`` holds the groups."""
     from hpc_rl.envs.nmmo_config import FOREST, GRASS
     from hpc_rl.envs.scripted import RandomBot
 
     if not config.env.is_nmmo:
         raise ValueError("nmmo_rollout needs a Neural MMO run (env.name=nmmo)")
-    if isinstance(player, str) and player != "random":
-        raise ValueError(f"unknown player {player!r}: a policy or 'random'")
     env = config.env.make(num_envs=copies)
     spec = env.spec
     n, size = spec.num_agents, config.env.nmmo.map_size
-    team = np.broadcast_to(np.asarray(spec.agent_team, np.int64), (copies, n))
+    groups = np.asarray(spec.agent_team if teams is None else teams, np.int64)
+    if groups.shape != (n,):
+        raise ValueError(f"teams must give each of the {n} slots a group, got shape {groups.shape}")
+    team = np.broadcast_to(groups, (copies, n))
     world = np.broadcast_to(np.arange(copies)[:, None], (copies, n))
-    policies = [player] if isinstance(player, Policy) else player
-    if not isinstance(player, str) and len(policies) != config.populations:
-        raise ValueError(f"{len(policies)} policies for the run's {config.populations} populations")
-    actor = RandomBot(seed + 1) if isinstance(player, str) else \
-        PopulationActors([PolicyActor(p, team == k) for k, p in enumerate(policies)])
+    players = [player] if isinstance(player, (Policy, str)) else list(player)
+    for p in players:
+        if isinstance(p, str) and p != "random":
+            raise ValueError(f"unknown player {p!r}: a policy or 'random'")
+    wanted = config.populations if teams is None else int(groups.max()) + 1
+    if players != ["random"] and len(players) != wanted:
+        raise ValueError(f"{len(players)} players for {wanted} " +
+                         ("populations of the run" if teams is None else "groups of slots"))
+    actor = RandomBot(seed + 1) if players == ["random"] else PopulationActors(
+        [MaskedActor(RandomBot(seed + 1 + k), team == k) if isinstance(p, str) else PolicyActor(p, team == k)
+         for k, p in enumerate(players)])
     torch.manual_seed(seed)
     obs = env.reset(seed)
     passable = np.isin(env.tiles, (GRASS, FOREST)).ravel()  # no forest is eaten (scrub) yet
@@ -252,6 +261,14 @@ def nmmo_rollout(player: Policy | list[Policy] | str, config: TrainConfig, copie
     k = [np.concatenate(column).astype(np.int64) for column in zip(*attacks)]
     return NmmoRollout(lifetime[cohort].astype(np.float64), population[cohort], int(alive.sum()), tick, *v, *k,
                        passable, n)
+
+
+def head_to_head_teams(num_agents: int, populations: int) -> np.ndarray:
+    """The slots' groups of a head-to-head rollout: blocks of ``populations`` slots alternate between the run's
+    policies (slot a in group a mod K, its population's) and the random bot (group K), so that every population and
+    the bot hold about half the slots each. Agents spawn into the lowest free slot, so both meet from the start."""
+    slot = np.arange(num_agents)
+    return np.where((slot // populations) % 2 == 0, slot % populations, populations)
 
 
 def nmmo_exploration(rollout: NmmoRollout) -> dict:
@@ -321,6 +338,17 @@ def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: 
                     result.update({f"population_{k}_agents": int((rollout.population == k).sum()),
                                    f"population_{k}_mean_lifetime": mean, f"population_{k}_ci95": [low, high]})
         result["lifetime_ratio"] = result["policy_mean_lifetime"] / result["random_mean_lifetime"]
+        # Head to head (Neural MMO's tournaments put agents of different training in one world): the policies and
+        # the random bot in the same worlds, about half the slots each.
+        k = config.populations
+        mixed = nmmo_rollout([*policies, "random"], config, games, seed,
+                             teams=head_to_head_teams(config.env.nmmo.num_agents, k))
+        for name, group in (("policy", mixed.population < k), ("random", mixed.population == k)):
+            mean, low, high = mean_ci95(mixed.lifetimes[group])
+            result.update({f"head_to_head_{name}_agents": int(group.sum()),
+                           f"head_to_head_{name}_mean_lifetime": mean, f"head_to_head_{name}_ci95": [low, high]})
+        result["head_to_head_ratio"] = (result["head_to_head_policy_mean_lifetime"] /
+                                        result["head_to_head_random_mean_lifetime"])
     elif config.env.is_moba:
         r = play_vs_bot(policy, config, "scripted", games, seed)
         result = {"games": r["games"], "wins": r["wins"], "draws": r["draws"], "win_rate": r["win_rate"],

@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hpc_rl.actors import MaskedActor
 from hpc_rl.config import EnvConfig, LeagueConfig, PipelineConfig, TrainConfig
 from hpc_rl.envs import nmmo_measures as m
 from hpc_rl.envs.nmmo_config import NmmoConfig
-from hpc_rl.evaluation import AGENT_STRIDE, nmmo_exploration, nmmo_niches, nmmo_rollout
+from hpc_rl.envs.scripted import RandomBot
+from hpc_rl.evaluation import AGENT_STRIDE, head_to_head_teams, nmmo_exploration, nmmo_niches, nmmo_rollout
 from hpc_rl.algo.config import PPOConfig
 from hpc_rl.model.config import ModelConfig
 from hpc_rl.runner import SerialRunner
@@ -142,6 +144,18 @@ def test_rollout_records_every_agent_tick_and_the_reports_show_the_measures(tmp_
     niches = nmmo_niches(rollout, seed=0)
     assert niches["tiles"]["between"] is None and 0 < niches["tiles"]["split_half"] <= 1
 
+    # Head to head: groups of slots in the same worlds, each played by its own player; a bot plays only its own.
+    teams = head_to_head_teams(WORLD.num_agents, 1)
+    assert teams.tolist() == [0, 1] * 4 and head_to_head_teams(8, 2).tolist() == [0, 1, 2, 2, 0, 1, 2, 2]
+    mask = np.broadcast_to(teams == 1, (2, WORLD.num_agents))
+    masked = MaskedActor(RandomBot(0), mask).act(config.env.make(num_envs=2).reset(0))
+    assert all((chosen[~mask] == 0).all() for chosen in masked.values())
+    mixed = nmmo_rollout(["random", "random"], config, copies=2, seed=3, teams=teams)
+    assert mixed.lifetimes.size == 16 and set(mixed.population.tolist()) == {0, 1}
+    assert set(mixed.visit_population.tolist()) == {0, 1}
+    with pytest.raises(ValueError, match="3 players for 2 groups of slots"):
+        nmmo_rollout(["random"] * 3, config, copies=1, seed=3, teams=teams)
+
     # A run of one version, then the two commands that report the measures (in this process: no second start-up).
     SerialRunner(tiny_config(tmp_path)).run()
     capsys.readouterr()
@@ -151,6 +165,13 @@ def test_rollout_records_every_agent_tick_and_the_reports_show_the_measures(tmp_
     for player in ("policy", "random"):
         low, high = result[f"{player}_tiles_per_life_ci95"]
         assert 1 <= low <= result[f"{player}_tiles_per_life"] <= high and 0 < result[f"{player}_coverage"] < 1
+    # Head to head: the policy's agents and the random bot's, about half the first spawns each.
+    assert result["head_to_head_policy_agents"] + result["head_to_head_random_agents"] == 16
+    for player in ("policy", "random"):
+        low, high = result[f"head_to_head_{player}_ci95"]
+        assert 1 <= result[f"head_to_head_{player}_mean_lifetime"] and low <= high
+    assert result["head_to_head_ratio"] == (result["head_to_head_policy_mean_lifetime"] /
+                                            result["head_to_head_random_mean_lifetime"])
     assert lines[1].startswith("exploration: policy ")
     behaviour = script(ROOT / "analysis" / "nmmo_behaviour.py")
     assert behaviour.run_script(behaviour.parser(), behaviour.body,

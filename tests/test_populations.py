@@ -67,6 +67,9 @@ def test_slots_learners_checkpoint_groups_and_metrics_belong_to_populations():
     assert "9.0 [6.5, 11.5] vs random" in final_eval_line(final)
     final |= {"population_0_mean_lifetime": 10.8, "population_1_mean_lifetime": 7.4}
     assert "9.0 [6.5, 11.5] (populations: 10.8, 7.4) vs random" in final_eval_line(final)
+    final |= {"head_to_head_policy_mean_lifetime": 14.0, "head_to_head_random_mean_lifetime": 5.6,
+              "head_to_head_ratio": 2.5}
+    assert "worlds; head to head in the same worlds 14.0 vs 5.6 (2.50x), 3 s" in final_eval_line(final)
 
 
 def test_the_world_spec_and_the_config_carry_the_populations(tmp_path):
@@ -208,6 +211,10 @@ def test_mpi_job_of_two_populations_checkpoints_both_evaluates_lifetimes_and_res
     assert final["policy_agents"] == final["random_agents"] == 64
     assert final["population_0_agents"] + final["population_1_agents"] == 64
     assert final["lifetime_ratio"] == final["policy_mean_lifetime"] / final["random_mean_lifetime"]
+    # Head to head, blocks of two slots alternating between the populations' policies and the random bot.
+    assert final["head_to_head_policy_agents"] + final["head_to_head_random_agents"] == 64
+    assert final["head_to_head_ratio"] == (final["head_to_head_policy_mean_lifetime"] /
+                                           final["head_to_head_random_mean_lifetime"])
     evaluation = run.evaluations_frame().iloc[0]  # the analysis's table holds every figure
     assert evaluation.policy_mean_lifetime == final["policy_mean_lifetime"]
     assert [evaluation.population_1_ci95_low, evaluation.population_1_ci95_high] == final["population_1_ci95"]

@@ -97,7 +97,10 @@ def final_eval_line(final: Mapping | None) -> str:
         each = f" (populations: {', '.join(f'{m:.1f}' for m in populations)})" if populations else ""
         return (f"mean lifetime {final['policy_mean_lifetime']:.1f} [{p_low:.1f}, {p_high:.1f}]{each} vs random "
                 f"{final['random_mean_lifetime']:.1f} [{r_low:.1f}, {r_high:.1f}] ({final['lifetime_ratio']:.2f}x) "
-                f"over the first {final['policy_agents']} agents of {final['worlds']} worlds, {final['seconds']:.0f} s")
+                f"over the first {final['policy_agents']} agents of {final['worlds']} worlds"
+                + (f"; head to head in the same worlds {final['head_to_head_policy_mean_lifetime']:.1f} vs "
+                   f"{final['head_to_head_random_mean_lifetime']:.1f} ({final['head_to_head_ratio']:.2f}x)"
+                   if "head_to_head_ratio" in final else "") + f", {final['seconds']:.0f} s")
     return (f"mean greedy return {final['mean_return']:.1f} (std {final['std_return']:.1f}) over "
             f"{final['episodes']} episodes, {final['seconds']:.0f} s")
 
