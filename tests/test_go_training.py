@@ -170,6 +170,14 @@ def test_env_rank_records_games_with_the_search_policy_and_each_players_outcome(
     metrics = runner.run()
     assert metrics[M.GO_GAMES] >= 1 and metrics[M.REPLAY_POSITIONS] >= config.alphazero.min_positions
     assert open_run(tmp_path / "serial").checkpoint_versions[-1] == 2
+    # The replay buffer file is a cache: a write that fails (here its folder is a file) is logged, not raised, and
+    # the file written at the last version stays whole.
+    written = read_replay_buffer(runner.learner_worker.buffer_path)
+    assert written[1]["version"] == 2 and len(written[0]["z"]) == runner.learner_worker.buffer.size
+    (tmp_path / "blocked").write_text("")
+    runner.learner_worker.buffer_path = tmp_path / "blocked" / "learner0.h5"
+    runner.learner_worker.save_buffer()
+    assert (tmp_path / "blocked").read_text() == ""
 
 
 def test_gating_plays_candidates_between_selfplay_batches_and_promotes_only_winners(tmp_path):

@@ -263,9 +263,16 @@ class GoLearnerWorker(LockstepLearner):
         self.params.publish(encode_parameters(self.learner.version, self.net))
 
     def save_buffer(self) -> None:
-        """This learner's replay buffer to its file (``hpc_rl.storage.replay_buffer``), with the version it is at."""
+        """This learner's replay buffer to its file (``hpc_rl.storage.replay_buffer``), with the version it is at.
+        The file is a cache, not committed state: a failed write (a full filesystem) is logged and training goes on,
+        the earlier file left whole."""
         started = time.monotonic()
-        write_replay_buffer(self.buffer_path, self.buffer.state(), version=self.learner.version)
+        try:
+            write_replay_buffer(self.buffer_path, self.buffer.state(), version=self.learner.version)
+        except OSError as err:
+            log.error("replay buffer not written to %s at version %d (a resume takes an older one or none): %s",
+                      self.buffer_path, self.learner.version, err)
+            return
         log.info("replay buffer: %d positions written to %s at version %d in %.1f s", self.buffer.size,
                  self.buffer_path, self.learner.version, time.monotonic() - started)
 
