@@ -290,7 +290,7 @@ class GoLearnerWorker(LockstepLearner):
         arrays, attrs = found
         try:
             held = self.buffer.restore(arrays, version)
-        except ValueError as err:  # another board size: the resume refuses other network shapes before this
+        except ValueError as err:  # other input planes (the board size is a network shape: refused earlier)
             log.warning("replay buffer %s not restored: %s", self.buffer_path, err)
             return
         log.info("replay buffer: %d of the %d positions of %s (written at version %s) restored", held,
@@ -340,6 +340,7 @@ class GoLearnerWorker(LockstepLearner):
         version = self.learner.version
         skipped = metrics[M.NONFINITE_SKIPPED] > 0
         self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
+        checkpointing = version % pipeline.checkpoint_every == 0 and not self.nonfinite_streak
         staleness = np.maximum(version - 1 - batch["version"], 0)
         summed = self.allreduce.sum(torch.tensor([staleness.sum(), staleness.size], dtype=torch.float64)).numpy()
         if self.index == 0:
@@ -353,9 +354,9 @@ class GoLearnerWorker(LockstepLearner):
                             M.REPLAY_POSITIONS: float(self.buffer.size),
                             M.BLACK_WIN_SHARE: self.buffer.black_win_share()})
             self.link.send((version, metrics), TAG_METRICS)
-            if version % pipeline.checkpoint_every == 0 and not self.nonfinite_streak:
+            if checkpointing:
                 self.link.send((version, self.learner.checkpoint_sections()), TAG_CHECKPOINT)
-        if version % pipeline.checkpoint_every == 0 and not self.nonfinite_streak:
+        if checkpointing:  # every learner, its own buffer
             self.save_buffer()
         if self.nonfinite_streak >= pipeline.max_nonfinite:
             self._halt(version)
