@@ -206,6 +206,55 @@ def test_games_searched_together_play_as_each_alone():
     assert set(r.z.tolist()) <= {-1.0, 0.0, 1.0} and (r.to_play == np.arange(len(r.z)) % 2).all()
 
 
+def test_playout_cap_randomisation_records_only_full_searches():
+    """KataGo's playout cap randomisation: every move is drawn full (recorded, with root noise) or fast (played, not
+    recorded, no noise), one draw per move for all rows from [seeds[0], 2]'s stream; each search runs its budget."""
+    cfg = PUCTConfig(simulations=12, fast_simulations=3, full_search_share=0.25, dirichlet_alpha=0.3,
+                     resign_threshold=None)
+    seeds = [20, 21, 22]
+    selfplay = SelfPlay(cfg, seeds, board_size=5, max_game_length=24)
+    evaluate = LinearEvaluator(5, seed=4)
+    draws = np.random.default_rng([seeds[0], 2])
+    full_moves, evaluations, records = 0, 0, []
+    full = bool(draws.random() < 0.25)  # the first move's draw
+    while not selfplay.done:
+        assert selfplay.full == full and selfplay.search.noise == full
+        assert selfplay.search.budget == (12 if full else 3)
+        before = selfplay.moves
+        planes, legal = selfplay.select()
+        evaluations += len(planes)
+        answer = evaluate(planes, legal) if len(planes) else (np.zeros((0, 26)), np.zeros(0))
+        records += [r for _, r in selfplay.expand_and_backup(*answer)]
+        if selfplay.moves != before:  # the move was played: the next one draws
+            full_moves += full
+            full = bool(draws.random() < 0.25)
+    assert 0 < full_moves < 24  # both kinds occurred
+    for r in records:
+        assert r.moves == 24 and len(r.z) == full_moves  # every game went the distance, recording its full moves
+        assert r.planes.shape == (full_moves, NUM_PLANES, 5, 5)
+        np.testing.assert_allclose(r.pi.sum(1), 1.0, rtol=1e-6)
+        # the root's children's visits of a 12-simulation search (the first expands the root): elevenths, where a
+        # 3-simulation search's would be halves
+        np.testing.assert_allclose(r.pi * 11, np.round(r.pi * 11), atol=1e-4)
+        assert (np.abs(r.pi * 2 - np.round(r.pi * 2)) > 1e-3).any()
+    # fast moves cost fewer evaluations than full ones: at most 3 per row for a fast move, 12 for a full one
+    assert evaluations <= len(seeds) * (12 * full_moves + 3 * (24 - full_moves))
+    with pytest.raises(ValueError, match="fast_simulations"):
+        PUCTConfig(simulations=12, fast_simulations=13)
+    with pytest.raises(ValueError, match="full_search_share"):
+        PUCTConfig(simulations=12, fast_simulations=3, full_search_share=0.0)
+
+
+def test_a_game_of_fast_searches_only_has_no_positions():
+    """A game that ends before its first full search: counted in moves, with nothing recorded."""
+    cfg = PUCTConfig(simulations=4, fast_simulations=2, full_search_share=0.5, resign_threshold=None)
+    seed = next(s for s in range(100) if (np.random.default_rng([s, 2]).random(2) >= 0.5).all())
+    draws = np.random.default_rng([seed, 2])
+    assert draws.random() >= 0.5 and draws.random() >= 0.5  # the two moves of the game are fast
+    record = play_games(uniform_zero, [seed], board_size=5, config=cfg, max_game_length=2)[0]
+    assert record.moves == 2 and len(record.z) == 0 and record.planes.shape == (0, NUM_PLANES, 5, 5)
+
+
 def black_is_lost(planes, legal):
     """Uniform priors; every position lost for black (plane 3: black to play)."""
     return legal.astype(np.float64), np.where(planes[:, 3, 0, 0] == 1, -1.0, 1.0)

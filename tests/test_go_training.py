@@ -180,6 +180,26 @@ def test_env_rank_records_games_with_the_search_policy_and_each_players_outcome(
     assert (tmp_path / "blocked").read_text() == ""
 
 
+def test_playout_cap_randomisation_ships_only_full_searches_and_counts_every_move(tmp_path):
+    """With fast searches (env.go.search.fast_simulations) the env role ships only the positions of full searches,
+    counts every move in the game lengths, and keeps back games that recorded none (4-move games, a quarter of the
+    moves full: about a third of the games record nothing)."""
+    set_torch_threads()
+    config = go5(tmp_path, "run_name=cap", "env.go.search.simulations=6", "env.go.search.fast_simulations=2",
+                 "env.go.search.full_search_share=0.25", "env.go.max_game_length=4")
+    runner = SerialRunner(config)
+    records = []
+    while len(records) < 8:
+        records += runner.collect_games()
+    env = runner.producer
+    assert all(1 <= len(r.z) <= r.moves for r in records) and any(len(r.z) < r.moves for r in records)
+    kept_back = env.stats["games"] - len(env.produced_ids)
+    assert kept_back > 0 and len(env.produced_ids) >= len(records)  # short games of fast searches alone
+    shipped = sum(r.moves for r in records)
+    assert env.stats["game_moves"] >= shipped  # games still in the ring or kept back add their moves
+    runner.close()
+
+
 def test_gating_plays_candidates_between_selfplay_batches_and_promotes_only_winners(tmp_path):
     """With gating (env.go.gating.games) the inference role plays each candidate against the self-play network a
     search step at a time; self-play moves on meanwhile with the network that last won, and the metrics report it."""

@@ -272,7 +272,7 @@ def game_fields(board_size: int) -> tuple[Field, ...]:
             Field("to_play", POSITION, (), i64), Field("actions", POSITION, (), i64),
             Field("versions", POSITION, (), i64),
             Field("length", GAME, (), i64), Field("winner", GAME, (), i64), Field("resigned", GAME, (), b),
-            Field("playout", GAME, (), b), Field("would_resign", GAME, (), i64))
+            Field("playout", GAME, (), b), Field("would_resign", GAME, (), i64), Field("moves", GAME, (), i64))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,13 @@ class PUCTConfig:
     # nobody resigns before that many are in (every game is played out until then). None: the fixed threshold.
     resign_false_positives: float | None = 0.05
     resign_calibration_games: int = 100
+    # KataGo's playout cap randomisation (Wu 2019, section 3.1): with fast_simulations set, each move of self-play is
+    # searched at full ``simulations`` with probability full_search_share, with root noise, and its position is
+    # recorded for training; the other moves are searched at fast_simulations without noise and only played. Games
+    # then cost fewer simulations, so more of them (more independent value targets) come from the same compute,
+    # while every policy target still comes from a full search. None: every move full and recorded (AlphaZero).
+    fast_simulations: int | None = None
+    full_search_share: float = 0.25
 
     def __post_init__(self) -> None:
         if self.simulations < 2:
@@ -54,6 +61,11 @@ class PUCTConfig:
             raise ValueError(f"resign_false_positives must lie in [0, 1) or be None, got {self.resign_false_positives}")
         if self.resign_calibration_games < 1:
             raise ValueError(f"resign_calibration_games must be >= 1, got {self.resign_calibration_games}")
+        if self.fast_simulations is not None and not 2 <= self.fast_simulations <= self.simulations:
+            raise ValueError(f"fast_simulations must lie in [2, simulations ({self.simulations})] or be None, got "
+                             f"{self.fast_simulations}")
+        if not 0 < self.full_search_share <= 1:
+            raise ValueError(f"full_search_share must lie in (0, 1], got {self.full_search_share}")
 
 
 

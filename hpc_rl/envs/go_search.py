@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numba import njit
 
-from hpc_rl.envs.go import TO_PLAY, GoGames, input_planes
+from hpc_rl.envs.go import NUM_PLANES, TO_PLAY, GoGames, input_planes
 from hpc_rl.envs.go_config import PUCTConfig
 
 
@@ -236,13 +236,17 @@ class PUCTSearch:
         self._used = 0
         self.roots = np.zeros(self.num_games, dtype=np.int64)
         self.simulations = np.zeros(self.num_games, dtype=np.int64)  # selections this move
+        self.budget = config.simulations  # this move's simulations per game (``start``)
+        self.noise = True  # whether this move's roots get Dirichlet noise
         self.rows = np.zeros(0, dtype=np.int64)
         self.games: GoGames | None = None
         self.leaf_games = np.zeros(0, dtype=np.int64)  # the game of each leaf the last select() returned
         self._pending = None
 
-    def start(self, games: GoGames, rows) -> None:
-        """Begin a move's search in games ``rows`` (unfinished) of ``games``, which stays unchanged until ``choose``."""
+    def start(self, games: GoGames, rows, simulations: int | None = None, noise: bool = True) -> None:
+        """Begin a move's search in games ``rows`` (unfinished) of ``games``, which stays unchanged until ``choose``:
+        ``simulations`` per game (default the config's), root noise as the config says or, with ``noise`` False,
+        none (playout cap randomisation's fast searches)."""
         rows = np.atleast_1d(np.asarray(rows, dtype=np.int64))
         if (games.num_games, games.size, games.komi, games.max_game_length) != (
                 self.num_games, self.leaves.size, self.leaves.komi, self.leaves.max_game_length):
@@ -253,6 +257,10 @@ class PUCTSearch:
         if len(np.unique(rows)) != len(rows) or games.terminal[rows].any():
             raise ValueError("start() needs distinct rows of unfinished games")
         self.games, self.rows = games, rows
+        self.budget = self.config.simulations if simulations is None else int(simulations)
+        if self.budget < 2:
+            raise ValueError(f"a search needs >= 2 simulations (the first expands the root), got {self.budget}")
+        self.noise = noise
         self.roots[rows] = np.arange(len(rows))
         self._used = len(rows)
         self._ni[:len(rows)] = (-1, -1, 0)
@@ -261,7 +269,7 @@ class PUCTSearch:
 
     @property
     def done(self) -> bool:
-        return self._pending is None and bool((self.simulations[self.rows] >= self.config.simulations).all())
+        return self._pending is None and bool((self.simulations[self.rows] >= self.budget).all())
 
     def select(self) -> tuple[np.ndarray, np.ndarray]:
         """One step's leaves: (planes (E, NUM_PLANES, size, size) float32, legal (E, size^2 + 1) bool) of the E
@@ -272,8 +280,8 @@ class PUCTSearch:
             raise RuntimeError("select() with no search under way: start() a move first")
         cfg = self.config
         sims = self.simulations[self.rows]
-        games = self.rows[sims < cfg.simulations]
-        left = cfg.simulations - self.simulations[games]
+        games = self.rows[sims < self.budget]
+        left = self.budget - self.simulations[games]
         expanded = self._ni[self.roots[games], COUNT] > 0
         counts = np.where(expanded, np.minimum(cfg.leaves_per_game, left), 1)  # the root is expanded alone first
         n = _select_paths(self._ni, self._nf, self.roots, games, counts, cfg.c_puct, cfg.virtual_loss, self._paths,
@@ -314,15 +322,15 @@ class PUCTSearch:
         roots = evaluate[self._depths[evaluate] == 0]  # leaves expanding a root: noise (AlphaGo Zero), per game
         noise_rows = np.full(e, -1, dtype=np.int64)
         noise = np.zeros((len(roots), self.num_actions))
-        if cfg.dirichlet_weight > 0:
+        weight = cfg.dirichlet_weight if self.noise else 0.0
+        if weight > 0:
             for j, leaf in enumerate(roots):
                 moves = np.flatnonzero(legal[eval_row[leaf]])
                 noise[j, moves] = self.rngs[self._leaf_game[leaf]].dirichlet(np.full(len(moves), cfg.dirichlet_alpha))
                 noise_rows[eval_row[leaf]] = j
         self._grow(self._used + e * self.num_actions)
         self._used = _expand_and_backup(self._ni, self._nf, self._used, self._paths, self._depths, n, leaf_values,
-                                        eval_row, legal, priors, noise, noise_rows, cfg.dirichlet_weight,
-                                        cfg.virtual_loss)
+                                        eval_row, legal, priors, noise, noise_rows, weight, cfg.virtual_loss)
         self._pending = None
 
     def choose(self) -> MoveChoice:
@@ -384,6 +392,8 @@ class GameRecord:
     would_resign: int  # in a calibration game, the first player whose value fell below the threshold, else -1
     versions: np.ndarray  # (T,) int64: the network version that answered each move's last evaluations (0 in one
     #                       process): how stale the position is when a learner trains on it
+    moves: int  # moves searched in the game (a resignation counts as one): T, or more where fast searches (playout
+    #             cap randomisation) recorded nothing; T may then be 0
 
 
 def outcome_targets(to_play: np.ndarray, winner: int) -> np.ndarray:
@@ -400,6 +410,11 @@ class SelfPlay:
     When a step completes the move's search in every row, the moves are played (or resigned) and the games that
     ended come back as records. With ``restart`` a finished row starts a new game at once, so an env rank's batch
     stays full; without it the row stays finished (``done`` once every row is).
+
+    With ``config.fast_simulations`` (KataGo's playout cap randomisation) each move is a full search, recorded, with
+    probability ``full_search_share``, else a fast one without root noise whose position is played but not recorded.
+    The draw is one per move for all rows, from ``[seeds[0], 2]``'s stream: the rows search in lockstep, so a draw per
+    row would make nearly every move as long as a full search.
 
     Row ``i`` searches with ``seeds[i]``'s stream (``PUCTSearch``) and draws whether its k-th game is a calibration
     game (no resignation; share ``resign_playout_share``) from ``np.random.default_rng([seeds[i], 1])`` for its first
@@ -424,9 +439,18 @@ class SelfPlay:
         self.min_value = np.full((n, 2), np.inf)  # each player's lowest search value in the row's game so far
         self.would_resign = np.full(n, -1)
         self.history: list[list[tuple]] = [[] for _ in range(n)]
+        self.game_moves = np.zeros(n, dtype=np.int64)  # moves searched in each row's game so far
         self.active = np.arange(n)
         self.moves = 0  # moves searched so far, over every row (a resignation counts as its row's last)
-        self.search.start(self.games, self.active)
+        self._cap_rng = np.random.default_rng([self.seeds[0], 2])
+        self._start_move()
+
+    def _start_move(self) -> None:
+        """Start the search of the active rows' next move: full and recorded, or fast (playout cap randomisation)."""
+        cfg = self.config
+        self.full = cfg.fast_simulations is None or bool(self._cap_rng.random() < cfg.full_search_share)
+        self.search.start(self.games, self.active, cfg.simulations if self.full else cfg.fast_simulations,
+                          noise=self.full)
 
     def _threshold(self) -> float | None:
         """The resignation threshold in force: fixed, or calibrated once enough calibration games are in."""
@@ -464,10 +488,12 @@ class SelfPlay:
     def _move(self, choice: MoveChoice, version: int) -> list[tuple[int, GameRecord]]:
         config, games, active = self.config, self.games, self.active
         self.moves += len(active)
+        self.game_moves[active] += 1
         to_play = games.meta[active, TO_PLAY]
-        planes = input_planes(games, active)
-        for i, g in enumerate(active):
-            self.history[g].append((planes[i], choice.pi[i], to_play[i], choice.actions[i], version))
+        if self.full:
+            planes = input_planes(games, active)
+            for i, g in enumerate(active):
+                self.history[g].append((planes[i], choice.pi[i], to_play[i], choice.actions[i], version))
         np.minimum.at(self.min_value, (active, to_play), choice.values)
         losing = (choice.values < self.threshold if self.threshold is not None
                   else np.zeros(len(active), dtype=bool))
@@ -495,17 +521,25 @@ class SelfPlay:
                 self.would_resign[g] = -1
                 self.min_value[g] = np.inf
                 self.history[g] = []
+                self.game_moves[g] = 0
             self.active = active
         else:
             self.active = move[~games.terminal[move]]
         if self.active.size:
-            self.search.start(games, self.active)
+            self._start_move()
         return records
 
     def _record(self, g: int, winner: int, resigned: bool) -> GameRecord:
-        planes, pi, to_play, actions, versions = (np.stack(x) for x in zip(*self.history[g]))
+        if self.history[g]:
+            planes, pi, to_play, actions, versions = (np.stack(x) for x in zip(*self.history[g]))
+        else:  # every move of the game was a fast search
+            size = self.games.size
+            planes = np.zeros((0, NUM_PLANES, size, size), np.float32)
+            pi = np.zeros((0, self.search.num_actions), np.float32)
+            to_play, actions, versions = (np.zeros(0, np.int64) for _ in range(3))
         return GameRecord(planes, pi, to_play, actions, outcome_targets(to_play, winner), winner, resigned,
-                          bool(self.playout[g]), int(self.would_resign[g]), versions.astype(np.int64))
+                          bool(self.playout[g]), int(self.would_resign[g]), versions.astype(np.int64),
+                          int(self.game_moves[g]))
 
 
 def play_games(evaluate, seeds, board_size: int = 9, komi: float = 7.5, config: PUCTConfig = PUCTConfig(),

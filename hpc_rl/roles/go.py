@@ -115,17 +115,20 @@ class GoEnvWorker:
                         "seconds": time.monotonic() - self.started})
 
     def _ship(self, record: GameRecord) -> None:
-        seq = len(self.produced_ids) + 1
-        payload = self.schema.pack(record, self.rank, seq, self.slot)
-        ring = self.rings[self.next_ring]  # round-robin, so every learner's buffer fills at the same rate
-        patiently(lambda timeout: ring.put(payload, timeout), self.link, self.config.transport.timeout_s)
-        self.next_ring = (self.next_ring + 1) % len(self.rings)
-        self.produced_ids.append((self.rank, self.rank, seq))
+        """Count a finished game and put its record into a learner's ring; a game with no position recorded (every
+        move a fast search under playout cap randomisation) is counted and not put: it holds nothing to train on."""
+        if len(record.z):
+            seq = len(self.produced_ids) + 1
+            payload = self.schema.pack(record, self.rank, seq, self.slot)
+            ring = self.rings[self.next_ring]  # round-robin, so every learner's buffer fills at the same rate
+            patiently(lambda timeout: ring.put(payload, timeout), self.link, self.config.transport.timeout_s)
+            self.next_ring = (self.next_ring + 1) % len(self.rings)
+            self.produced_ids.append((self.rank, self.rank, seq))
+            self.stats["segment_bytes"] += payload.nbytes
         self.stats["games"] += 1
-        self.stats["game_moves"] += len(record.z)
+        self.stats["game_moves"] += record.moves
         self.stats["resigned"] += int(record.resigned)
         self.stats["black_wins"] += int(record.winner == 0)
-        self.stats["segment_bytes"] += payload.nbytes
         if record.playout and record.would_resign >= 0:
             self.stats["calibration_would_resign"] += 1
             self.stats["calibration_false_positives"] += int(record.winner != 1 - record.would_resign)
