@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpc_rl.envs.go import GoGames
-from hpc_rl.league import go_ladder
+from hpc_rl.league import go_ladder, go_players
 from hpc_rl.league.go_players import MCTSBotPlayer, make_player, net_spec, parse_spec
 from hpc_rl.league.ratings import elo_from_results, nash_average
 from hpc_rl.league.tournament import pair_seed
@@ -329,5 +329,16 @@ def test_a_ladder_of_a_runs_versions_and_random_plays_and_rates(tmp_path):
     assert all(p["games"] == 4 and np.isfinite(p["elo"]) for p in evaluation["players"].values())
     assert evaluation["players"][versions[0]]["simulations_per_move"] == 4
     assert evaluation["strength"]["agent"] == versions[1] and evaluation["strength"]["games"] == 2
+    # Version 1's checkpoint pruned (keep_every), in a new process (no network cached): the ladder, all of whose
+    # games are played, commits again with version 1 rated; a player added must play version 1, which is named.
+    (layout.checkpoints / checkpoint_name(1)).unlink()
+    go_players.load_go_net.cache_clear()
+    again = [*argv, "--strength", versions[1], "random"]
+    again[again.index("--every"):again.index("--every") + 2] = ["--versions", "1", "2"]
+    (out / "evaluation.json").unlink()
+    assert module.main(again) == 0
+    assert set(json.loads((out / "evaluation.json").read_text())["players"]) == {"random", *versions}
+    with pytest.raises(SystemExit, match="version 1 is not committed"):
+        module.main(["random", "rollout:sims=4", *again[1:]])
     with pytest.raises(SystemExit):
         module.parse(["random", "--run", str(layout.root)])  # which versions: not said

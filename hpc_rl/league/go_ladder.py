@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from hpc_rl.envs.go import GoGames, warm_up
-from hpc_rl.league.go_players import GoPlayer, make_player
+from hpc_rl.league.go_players import GoPlayer, make_player, parse_spec
 from hpc_rl.league.ratings import elo_from_results
 from hpc_rl.league.tournament import Ratings, Tournament, pair_seed, rate_tournament
 from hpc_rl.stats import wilson_interval
@@ -93,13 +93,17 @@ def play_ladder(players: Sequence[str], path: str | Path, board_size: int, komi:
     if len(set(players)) != len(players) or len(players) < 2:
         raise ValueError(f"a ladder needs at least 2 distinct players, got {list(players)}")
     for spec in players:
-        make_player(spec, board_size, komi, 0)  # a bad spec fails before any game
+        parse_spec(spec)  # a malformed spec fails before any game
     path = Path(path)
     settings = {"board_size": board_size, "komi": float(komi), "seed": seed}
     results = load_results(path, settings)
     pairs = [tuple(sorted(p)) for p in itertools.combinations(players, 2)]
     todo = [(a, b, g) for g in range(games_per_pair) for a, b in pairs
             if g >= len(results["pairs"].get(pair_key(a, b), []))]
+    # A player is made (its checkpoint read) before any game only if it has games to play: a network whose games
+    # are all in the results keeps its ratings after its checkpoint is pruned (keep_every).
+    for spec in dict.fromkeys(p for a, b, _ in todo for p in (a, b)):
+        make_player(spec, board_size, komi, 0)
     progress(f"{len(pairs)} pairs x {games_per_pair} games: {len(pairs) * games_per_pair - len(todo)} in {path}, "
              f"{len(todo)} to play")
     warm_up()  # numba's kernels loaded before the first timed move
