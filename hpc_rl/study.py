@@ -7,7 +7,7 @@
     speedup(v_baseline, v_member)
 
 The pure functions (``first_crossing``, ``speedup``, ``staleness_histogram``, ``measured_staleness``,
-``measured_reuse``, ``speedup_rows``, ``direction_test``) take arrays and numbers, so the tests can check them
+``measured_reuse``, ``speedup_rows``, ``direction_test``, ``selfplay_windows``) take arrays and numbers, so the tests can check them
 against hand-computed cases; loading and table formatting are kept apart from them. The small statistics the
 scripts share with training (``wilson_interval``, ``trailing_mean``, ``spread``, ``permutation_p``) are in
 ``hpc_rl.stats``.
@@ -228,6 +228,69 @@ def default_thresholds(curves: Sequence[np.ndarray], fractions: Sequence[float] 
 
 
 # --- loading runs and sweeps ----------------------------------------------------------------------------------
+@dataclass
+class SelfPlayWindow:
+    """A window of a Go run's self-play: its sitting (a job of the run, 1 first), minutes of self-play before its end
+    (summed over the sittings), versions, and the games that ended in it with their shares and length; the learner's
+    value loss and its buffer's share of black's wins at the window's end (None where not reported)."""
+
+    sitting: int
+    minutes: float
+    first_version: int
+    last_version: int
+    games: int
+    black_won: float | None
+    resigned: float | None
+    moves: float | None
+    value_loss: float | None
+    buffer_black: float | None
+
+
+def selfplay_windows(metrics: dict[str, np.ndarray], window_s: float = 600.0) -> list[SelfPlayWindow]:
+    """Cut a Go run's self-play into windows of ``window_s`` seconds. A job's self-play counters (``selfplay/games``
+    and the shares and mean length of those games) count from the job's start, so a count that falls starts a new
+    sitting; within a sitting each window's games are the difference of the counts at its ends, and its shares
+    those of the differences (share x games is the count of black's wins, resignations, moves)."""
+    if not window_s > 0:
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    if M.GO_GAMES not in metrics or not metrics[M.GO_GAMES].size:
+        raise ValueError(f"no {M.GO_GAMES} series: not a Go run, or no game ended yet")
+    games = np.sort(metrics[M.GO_GAMES], order="wall_time")
+    starts = [0, *np.flatnonzero(np.diff(games["value"]) < 0) + 1, len(games)]
+
+    def at(name: str, t0: float, t: float) -> float | None:  # the series' last value in [t0, t]
+        rows = metrics.get(name)
+        if rows is None:
+            return None
+        rows = rows[(rows["wall_time"] >= t0) & (rows["wall_time"] <= t)]
+        return float(rows["value"][np.argmax(rows["wall_time"])]) if rows.size else None
+
+    windows, minutes = [], 0.0
+    for sitting, (lo, hi) in enumerate(zip(starts[:-1], starts[1:]), 1):
+        rows = games[lo:hi]
+        t0 = float(rows["wall_time"][0])
+        edges = list(np.arange(t0 + window_s, float(rows["wall_time"][-1]), window_s)) + [float(rows["wall_time"][-1])]
+        before = dict(games=0.0, black=0.0, resigned=0.0, moves=0.0, version=int(rows["version"][0]), t=t0)
+        for edge in edges:
+            end = rows[rows["wall_time"] <= edge][-1]
+            count = float(end["value"])
+            now = dict(games=count, version=int(end["version"]), t=edge,
+                       **{k: count * (at(name, t0, edge) or 0.0) for k, name in
+                          (("black", M.GO_BLACK_WINS), ("resigned", M.GO_RESIGNED), ("moves", M.GO_GAME_LENGTH))})
+            played = now["games"] - before["games"]
+            if played > 0 or edge == edges[-1]:
+                share = {k: (now[k] - before[k]) / played if played > 0 and at(name, t0, edge) is not None else None
+                         for k, name in (("black", M.GO_BLACK_WINS), ("resigned", M.GO_RESIGNED),
+                                         ("moves", M.GO_GAME_LENGTH))}
+                windows.append(SelfPlayWindow(sitting, minutes + (edge - t0) / 60.0, before["version"],
+                                              now["version"], round(played), share["black"], share["resigned"],
+                                              share["moves"], at(M.VALUE_LOSS, t0, edge),
+                                              at(M.BLACK_WIN_SHARE, t0, edge)))
+                before = now
+        minutes += (edges[-1] - t0) / 60.0
+    return windows
+
+
 @dataclass
 class RunData:
     """One run directory read once: its label, config.yaml, metrics.h5, the overrides its sweep gave it and the

@@ -26,7 +26,7 @@ from hpc_rl.storage.run import record_config_changes
 pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ("curves", "win_rate", "data_quality", "throughput", "speedup")
+SCRIPTS = ("curves", "win_rate", "data_quality", "throughput", "speedup", "go_selfplay")
 T0 = 1_700_000_000.0  # wall clock of every synthetic run's first row
 
 
@@ -490,3 +490,80 @@ def test_swept_key_detection(dirs):
     assert len(runs) == 6  # member 9 never started
     with pytest.raises(ValueError, match="cannot tell"):
         swept_key(load_runs([dirs["moba"], dirs["gym"]]))
+
+
+# --- Go self-play windows --------------------------------------------------------------------------------------
+def go_sittings(seed: int = 0):
+    """Two sittings of synthetic self-play: per game its end time, winner (0 black), resignation and moves; and the
+    controller's reports every 7 s of each sitting, counting from the sitting's start as a job does."""
+    rng = np.random.default_rng(seed)
+    games, reports, version = [], [], 0
+    for start, length in ((T0, 1500.0), (T0 + 2000.0, 700.0)):
+        ends = np.sort(rng.uniform(start, start + length, int(length / 3)))
+        games.append([(t, int(rng.integers(2)), bool(rng.random() < 0.4), int(rng.integers(20, 90))) for t in ends])
+        for t in np.arange(start + 7.0, start + length, 7.0):
+            version += 1
+            done = [g for g in games[-1] if g[0] <= t]
+            if done:
+                reports.append((version, t, len(done), np.mean([g[1] == 0 for g in done]),
+                                np.mean([g[2] for g in done]), np.mean([g[3] for g in done]), 1.0 / version))
+    return games, reports
+
+
+def windows_by_hand(games, reports, window_s):
+    """Per sitting, windows of window_s from its first report; a window's games those whose report falls in it."""
+    out, minutes = [], 0.0
+    for sitting, played in enumerate(games, 1):
+        times = [r[1] for r in reports if played[0][0] <= r[1] <= played[-1][0] + 7.0]
+        t0, t_end = times[0], times[-1]
+        edges = [*np.arange(t0 + window_s, t_end, window_s), t_end]
+        reported = [max(r for r in times if r <= e) for e in edges]  # the last report of each window
+        low = -np.inf
+        for edge, upto in zip(edges, reported):
+            won = [g for g in played if low < g[0] <= upto]
+            if won:
+                out.append((sitting, round(minutes + (edge - t0) / 60, 6), len(won), np.mean([g[1] == 0 for g in won]),
+                            np.mean([g[2] for g in won]), np.mean([g[3] for g in won])))
+                low = upto
+        minutes += (t_end - t0) / 60
+    return out
+
+
+def test_selfplay_windows_match_the_games_they_hold():
+    from hpc_rl.study import selfplay_windows
+
+    games, reports = go_sittings()
+    names = ("selfplay/games", "selfplay/black_win_share", "selfplay/resigned_share", "selfplay/game_length",
+             "train/value_loss")
+    metrics = {name: np.array([(r[0], 0, r[1], r[2 + i]) for r in reports], dtype=ROW) for i, name in enumerate(names)}
+    for window_s in (300.0, 600.0, 5000.0):
+        windows = selfplay_windows(metrics, window_s)
+        expected = windows_by_hand(games, reports, window_s)
+        got = [(w.sitting, round(w.minutes, 6), w.games, w.black_won, w.resigned, w.moves) for w in windows]
+        assert [g[:3] for g in got] == [e[:3] for e in expected]
+        np.testing.assert_allclose([g[3:] for g in got], [e[3:] for e in expected], atol=1e-9)
+        assert windows[-1].value_loss == pytest.approx(1.0 / reports[-1][0]) and windows[-1].buffer_black is None
+    assert {w.sitting for w in selfplay_windows(metrics, 600.0)} == {1, 2}
+    with pytest.raises(ValueError, match="no selfplay/games"):
+        selfplay_windows({}, 600.0)
+
+
+def test_go_selfplay_script(tmp_path):
+    games, reports = go_sittings(1)
+    run = tmp_path / "go_run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"run_name": "go_run", "env": {"name": "go"}}))
+    (run / "meta.json").write_text("{}")
+    (run / "status.json").write_text('{"state": "finished", "version": %d}' % reports[-1][0])
+    names = ("selfplay/games", "selfplay/black_win_share", "selfplay/resigned_share", "selfplay/game_length")
+    with MetricsWriter(run / "metrics.h5", flush_every_s=1e9) as writer:
+        for r in reports:
+            for i, name in enumerate(names):
+                writer.log(name, r[0], 0, r[2 + i], wall_time=r[1])
+    run_script("go_selfplay", run, "--out", tmp_path / "plots", "--window-minutes", "5")
+    rows = table(tmp_path / "plots" / "go_selfplay.md")
+    expected = windows_by_hand(games, reports, 300.0)
+    assert len(rows) == len(expected) and [int(r["games"]) for r in rows] == [e[2] for e in expected]
+    png_ok(tmp_path / "plots" / "go_selfplay.png")
+    bad = run_script("go_selfplay", run, "--out", tmp_path / "plots", "--window-minutes", "0", ok=False)
+    assert bad.returncode == 2 and "--window-minutes must be > 0" in bad.stderr
