@@ -2,11 +2,12 @@
 pure-Python PUCT search, a won ending found, batching that changes no game's moves, and resignation's calibration."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from hpc_rl.envs.go import NUM_PLANES, GoGames, input_planes
+from hpc_rl.envs.go import NUM_PLANES, PASSES, GoGames, input_planes, passes_held_back
 from hpc_rl.envs.go_search import (COUNT, FIRST, PRIOR, VALUE_SUM, VISITS, Match, PUCTConfig, PUCTSearch,
                                    SelfPlay, add_virtual_loss, backup, calibrated_resign_threshold, evaluation_config,
                                    mix_noise, play_games, puct_score, resign_false_positives, visit_policy)
@@ -253,6 +254,55 @@ def test_a_game_of_fast_searches_only_has_no_positions():
     assert draws.random() >= 0.5 and draws.random() >= 0.5  # the two moves of the game are fast
     record = play_games(uniform_zero, [seed], board_size=5, config=cfg, max_game_length=2)[0]
     assert record.moves == 2 and len(record.z) == 0 and record.planes.shape == (0, NUM_PLANES, 5, 5)
+
+
+def passes_held_back_by_hand(games, row):
+    """The definition, point by point: the opponent did not pass last, and a legal stone fills no own one-point eye."""
+    board, colour, s = games.boards()[row], games.to_play[row] + 1, games.size
+    if games.meta[row, PASSES] > 0:
+        return False
+    legal = games.legal_mask()[row]
+    for r in range(s):
+        for c in range(s):
+            if not legal[r * s + c]:
+                continue
+            neighbours = [board[r + dr, c + dc] for dr, dc in ((-1, 0), (1, 0), (0, -1), (0, 1))
+                          if 0 <= r + dr < s and 0 <= c + dc < s]
+            if not all(n == colour for n in neighbours):
+                return True
+    return False
+
+
+def test_passes_held_back_matches_its_definition():
+    rng = np.random.default_rng(5)
+    games = GoGames(64, 5, 0.5)
+    seen = set()
+    while not games.terminal.all():
+        rows = np.flatnonzero(~games.terminal)
+        held = passes_held_back(games, rows, games.legal_mask()[rows])
+        for i, g in enumerate(rows):
+            assert held[i] == passes_held_back_by_hand(games, g)
+            seen.add(bool(held[i]))
+        legal = games.legal_mask()
+        actions = np.array([rng.choice(np.flatnonzero(m)) if m.any() else 0 for m in legal])
+        stones = legal[:, :-1].any(1) & (rng.random(64) < 0.9)  # passes now and then: both cases occur
+        actions = np.where(stones, [rng.choice(np.flatnonzero(m[:-1])) if m[:-1].any() else 25 for m in legal], 25)
+        games.step(actions)
+    assert seen == {True, False}
+
+
+def test_restricted_passes_are_left_out_of_the_search():
+    """With restrict_passes, a pass gets no prior, no visit and is never chosen while a stone outside the player's
+    own eyes is legal and the opponent did not pass; after the opponent's pass it is searched again."""
+    cfg = PUCTConfig(simulations=16, dirichlet_weight=0.0, temperature=0.0, restrict_passes=True)
+    games = GoGames(2, 5)
+    games.step(np.array([25, 12]))  # game 0: black passes; game 1: black plays the centre
+    search = PUCTSearch(cfg, [0, 1], board_size=5)
+    choice = search.search(games, [0, 1], only_passes)  # a network that wants nothing but the pass
+    assert choice.actions[0] == 25 and choice.pi[0, 25] == 1.0  # after black's pass white may pass
+    assert choice.actions[1] != 25 and choice.pi[1, 25] == 0.0  # otherwise a stone
+    free = PUCTSearch(replace(cfg, restrict_passes=False), [0, 1], board_size=5)
+    assert free.search(games, [0, 1], only_passes).pi[1, 25] > 0.3  # unrestricted, the pass is searched
 
 
 def black_is_lost(planes, legal):

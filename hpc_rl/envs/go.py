@@ -508,6 +508,25 @@ def input_planes(games: GoGames, rows, legal: np.ndarray | None = None) -> np.nd
     return out
 
 
+def passes_held_back(games: GoGames, rows, legal: np.ndarray) -> np.ndarray:
+    """(R,) bool: the games ``rows`` (``legal``: their ``legal_mask()`` rows) in which a searching player holds its pass
+    back (``PUCTConfig.restrict_passes``): the opponent did not just pass, and some legal stone does not fill one of
+    the player's own one-point eyes (an empty point whose neighbours on the board are all the player's stones). A
+    player that may pass at any time learns to pass once its value head calls every move lost, and then loses by
+    passing: go9's self-play drifted into white passing from about move 34 (docs/go.md, "Passes"). Passing stays
+    legal; it is the search's choice that is narrowed, as a rollout policy's (OpenSpiel's random rollouts play on
+    until only passes are legal)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    s, w = games.size, games.size + 2
+    colors = games.pts[rows, COLOR, :].reshape(-1, w, w)
+    own = (games.meta[rows, TO_PLAY] + 1)[:, None, None]
+    walled = (colors == own) | (colors == GUARD)  # a neighbour that closes an eye of the player to move
+    eye = ((colors[:, 1:-1, 1:-1] == EMPTY) & walled[:, :-2, 1:-1] & walled[:, 2:, 1:-1] & walled[:, 1:-1, :-2]
+           & walled[:, 1:-1, 2:])
+    stones = legal[:, :s * s] & ~eye.reshape(len(rows), s * s)
+    return stones.any(axis=1) & (games.meta[rows, PASSES] == 0)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Random-rollout UCT search (OpenSpiel's MCTSBot with RandomRolloutEvaluator).
 

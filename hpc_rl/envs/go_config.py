@@ -39,6 +39,9 @@ class PUCTConfig:
     # while every policy target still comes from a full search. None: every move full and recorded (AlphaZero).
     fast_simulations: int | None = None
     full_search_share: float = 0.25
+    # The search considers a pass only after the opponent's pass or when every legal stone would fill one of the
+    # player's own one-point eyes (hpc_rl.envs.go.passes_held_back). False: a pass is searched as any move (ELF).
+    restrict_passes: bool = False
 
     def __post_init__(self) -> None:
         if self.simulations < 2:

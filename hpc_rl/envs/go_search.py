@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numba import njit
 
-from hpc_rl.envs.go import NUM_PLANES, TO_PLAY, GoGames, input_planes
+from hpc_rl.envs.go import NUM_PLANES, TO_PLAY, GoGames, input_planes, passes_held_back
 from hpc_rl.envs.go_config import PUCTConfig
 
 
@@ -298,6 +298,8 @@ class PUCTSearch:
         eval_row = np.full(n, -1, dtype=np.int64)
         eval_row[evaluate] = np.arange(len(evaluate))
         legal = self.leaves.legal_mask()[evaluate]
+        if cfg.restrict_passes:
+            legal[passes_held_back(self.leaves, evaluate, legal), -1] = False
         self.leaf_games = self._leaf_game[evaluate]
         self._pending = (n, values, eval_row, evaluate, legal)
         return input_planes(self.leaves, evaluate, legal), legal
