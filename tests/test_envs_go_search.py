@@ -394,8 +394,9 @@ def only_passes(planes, legal):
 def test_a_gating_match_plays_each_network_in_its_own_seat(opening):
     """A stone-counting network against one that gives the board away, each black in half the games: the first
     wins every game from either seat (mixed-up seats would split them), and scores 0 from the other side."""
-    cfg = evaluation_config(PUCTConfig(simulations=8), opening)
+    cfg = evaluation_config(PUCTConfig(simulations=8, fast_simulations=4), opening)
     assert (cfg.dirichlet_weight, cfg.temperature, cfg.greedy_after) == (0.0, float(bool(opening)), opening or None)
+    assert cfg.fast_simulations is None and replace(cfg, simulations=2).simulations == 2  # any count a player sets
     scores = []
     for players in ((counts_stones, only_passes), (only_passes, counts_stones)):
         match = Match(cfg, 4, seed=3, board_size=5, komi=0.5)

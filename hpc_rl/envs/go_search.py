@@ -561,8 +561,10 @@ def play_games(evaluate, seeds, board_size: int = 9, komi: float = 7.5, config: 
 
 def evaluation_config(config: PUCTConfig, opening: int = 0) -> PUCTConfig:
     """``config``'s search at evaluation play (a ladder's network player, a gating match): no root noise, the most
-    visited move, except that a game's first ``opening`` moves are drawn from the visit counts at temperature 1."""
-    return replace(config, dirichlet_weight=0.0, temperature=1.0 if opening else 0.0, greedy_after=opening or None)
+    visited move, except that a game's first ``opening`` moves are drawn from the visit counts at temperature 1;
+    every move a full search (playout cap randomisation is self-play's)."""
+    return replace(config, dirichlet_weight=0.0, temperature=1.0 if opening else 0.0, greedy_after=opening or None,
+                   fast_simulations=None)
 
 
 class Match:
