@@ -72,6 +72,10 @@ def main(argv: list[str]) -> int:
             ckpt, config = load_checkpoint_of_run(args.run_dir, asked)
         except (FileNotFoundError, ValueError) as err:  # no such run or version, or a checkpoint that does not load
             parser.error(str(err))
+        if config.env.is_go:
+            parser.error(f"{args.run_dir} is a Go run: its networks play in a ladder, e.g. python jobs/go_ladder.py "
+                         f"mctsbot:sec=0.1 --run {args.run_dir} --versions {ckpt.version} --net-sec 0.1 --games 100 "
+                         f"(docs/go.md, \"Evaluation\")")
         version = ckpt.version
         if done is None:  # the recorded games of this opponent (MOBA: the scripted bot as it is now), read once
             bot_hash = scripted_bot_hash() if config.env.is_moba else None

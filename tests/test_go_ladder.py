@@ -292,6 +292,17 @@ def test_sampled_openings_make_two_networks_games_differ_and_replay_from_their_s
         make_player(net_spec(str(layout.root), 1, sims=8) + ",opening=-1", go.board_size, go.komi, 0)
 
 
+def test_the_evaluate_job_sends_a_go_run_to_the_ladder(tmp_path, capsys):
+    layout, _ = go_run(tmp_path)
+    job = importlib.util.spec_from_file_location("evaluate_job", ROOT / "jobs" / "evaluate.py")
+    module = importlib.util.module_from_spec(job)
+    job.loader.exec_module(module)
+    with pytest.raises(SystemExit):
+        module.main([str(layout.root), "--games", "2"])
+    assert f"is a Go run: its networks play in a ladder, e.g. python jobs/go_ladder.py mctsbot:sec=0.1 --run " \
+           f"{layout.root} --versions 2" in capsys.readouterr().err
+
+
 def test_a_network_player_names_what_is_missing_or_damaged(tmp_path):
     layout, go = go_run(tmp_path)
     size, komi = go.board_size, go.komi

@@ -170,6 +170,9 @@ def test_env_rank_records_games_with_the_search_policy_and_each_players_outcome(
     metrics = runner.run()
     assert metrics[M.GO_GAMES] >= 1 and metrics[M.REPLAY_POSITIONS] >= config.alphazero.min_positions
     assert open_run(tmp_path / "serial").checkpoint_versions[-1] == 2
+    summary = json.loads((tmp_path / "serial" / "summary.json").read_text())  # a Go run's next step: its ladder
+    assert any("go_ladder.py mctsbot:sec=0.1" in c and "--versions 2 " in c for c in summary["next"])
+    assert not any("evaluate.py" in c for c in summary["next"])
     # The replay buffer file is a cache: a write that fails (here its folder is a file) is logged, not raised, and
     # the file written at the last version stays whole.
     written = read_replay_buffer(runner.learner_worker.buffer_path)

@@ -636,10 +636,16 @@ class Controller:
             files["replay"] = layout.replay
         files["logs"] = layout.logs
         files["summary"] = layout.summary
-        python, evaluate = (_shortest(Path(p)) for p in (sys.executable, JOBS / "evaluate.py"))
+        python, evaluate, ladder = (_shortest(Path(p)) for p in (sys.executable, JOBS / "evaluate.py",
+                                                                  JOBS / "go_ladder.py"))
         commands = [f"tensorboard --logdir {layout.tensorboard}" if layout.tensorboard.is_dir() else
-                    f"{python} -m hpc_rl.storage.tensorboard {root}   # TensorBoard event files, then tensorboard",
-                    f"{python} {evaluate} {root} --games 400   # evaluate the last checkpoint"]
+                    f"{python} -m hpc_rl.storage.tensorboard {root}   # TensorBoard event files, then tensorboard"]
+        if self.config.env.is_go:  # a network plays Go in a ladder of fixed opponents (docs/go.md)
+            commands.append(f"{python} {ladder} mctsbot:sec=0.1 --run {root} --versions {max(self.committed, 0)} "
+                            f"--net-sec 0.1 --net-leaves 8 --games 100 --out {root / 'ladder'}   # the last "
+                            f"checkpoint against OpenSpiel's MCTSBot at equal time a move")
+        else:
+            commands.append(f"{python} {evaluate} {root} --games 400   # evaluate the last checkpoint")
         if self.config.env.is_moba:
             commands.append(f"{python} -m hpc_rl.envs.render --run {root} --out {root}   # a replay GIF vs the "
                             f"scripted bot")
