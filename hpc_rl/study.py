@@ -274,14 +274,14 @@ def selfplay_windows(metrics: dict[str, np.ndarray], window_s: float = 600.0) ->
         for edge in edges:
             end = rows[rows["wall_time"] <= edge][-1]
             count = float(end["value"])
+            latest = {k: at(name, t0, edge) for k, name in
+                      (("black", M.GO_BLACK_WINS), ("resigned", M.GO_RESIGNED), ("moves", M.GO_GAME_LENGTH))}
             now = dict(games=count, version=int(end["version"]), t=edge,
-                       **{k: count * (at(name, t0, edge) or 0.0) for k, name in
-                          (("black", M.GO_BLACK_WINS), ("resigned", M.GO_RESIGNED), ("moves", M.GO_GAME_LENGTH))})
+                       **{k: count * (v or 0.0) for k, v in latest.items()})
             played = now["games"] - before["games"]
             if played > 0 or edge == edges[-1]:
-                share = {k: (now[k] - before[k]) / played if played > 0 and at(name, t0, edge) is not None else None
-                         for k, name in (("black", M.GO_BLACK_WINS), ("resigned", M.GO_RESIGNED),
-                                         ("moves", M.GO_GAME_LENGTH))}
+                share = {k: (now[k] - before[k]) / played if played > 0 and v is not None else None
+                         for k, v in latest.items()}
                 windows.append(SelfPlayWindow(sitting, minutes + (edge - t0) / 60.0, before["version"],
                                               now["version"], round(played), share["black"], share["resigned"],
                                               share["moves"], at(M.VALUE_LOSS, t0, edge),
