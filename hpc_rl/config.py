@@ -249,7 +249,10 @@ class PipelineConfig:
     full_policy: str = "block"  # ring full: "block" (exactly-once) or "drop_oldest" (counted)
     publish_every: int = 1  # optimizer updates per published version
     max_versions: int = 50  # stop after this many versions
-    max_seconds: float = 0.0  # stop after this much wall time (0: no limit)
+    max_seconds: float = 0.0  # stop this sitting (this job) after this much wall time (0: no limit)
+    max_run_seconds: float = 0.0  # stop once the run has trained this much wall time over all its sittings, up to
+    #                               its latest committed version (0: no limit): a sweep member's budget that holds
+    #                               when a sitting is cut short and the member resumed
     final_eval_games: int = 100  # a job that ends with a committed checkpoint (finished or its time limit) plays
     #                              this many games of it against the scripted bot, half on each side (Gymnasium:
     #                              greedy episodes; Neural MMO: worlds, for the mean lifetime of the policy's agents
@@ -305,8 +308,9 @@ class PipelineConfig:
         if self.final_eval_games < 0 or self.final_eval_games % 2:
             raise ValueError(f"pipeline.final_eval_games must be even and >= 0 (half the games on each side; 0: "
                              f"off), got {self.final_eval_games}")
-        if self.max_seconds < 0:
-            raise ValueError(f"pipeline.max_seconds must be >= 0, got {self.max_seconds}")
+        if self.max_seconds < 0 or self.max_run_seconds < 0:
+            raise ValueError(f"pipeline.max_seconds and pipeline.max_run_seconds must be >= 0 (0: no limit), got "
+                             f"{self.max_seconds} and {self.max_run_seconds}")
         if self.max_failure_requeues < 0:
             raise ValueError(f"pipeline.max_failure_requeues must be >= 0 (0: never), got {self.max_failure_requeues}")
         if self.fault_nonfinite_from_version < 0:
@@ -461,8 +465,9 @@ class TrainConfig:
         d["topology"].pop("evaluator")
         # Fault injection is a drill run on the same learning problem (and may be turned on for a resumed run); where
         # the networks run neither (a run moves between GPU and CPU nodes, its checkpoints load on both).
-        for key in ("max_versions", "max_seconds", "final_eval_games", "heartbeat_timeout_s", "requeue",
-                    "max_failure_requeues", "fault_nonfinite_from_version", "inference_device", "learner_device"):
+        for key in ("max_versions", "max_seconds", "max_run_seconds", "final_eval_games", "heartbeat_timeout_s",
+                    "requeue", "max_failure_requeues", "fault_nonfinite_from_version", "inference_device",
+                    "learner_device"):
             d["pipeline"].pop(key, None)  # gone already where ``written`` lacks it
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -479,7 +484,8 @@ SHAPE_KEYS = ("env.name", "env.game_version", "env.moba.team_size", "env.moba.la
               "env.nmmo.populations") + GO_SHAPE_KEYS
 # Where a run is and when it stops, not how it learns: never a change (a finished run is continued by raising
 # pipeline.max_versions).
-UNRECORDED_KEYS = ("run_name", "runs_dir", "pipeline.max_versions", "pipeline.max_seconds")
+UNRECORDED_KEYS = ("run_name", "runs_dir", "pipeline.max_versions", "pipeline.max_seconds",
+                   "pipeline.max_run_seconds")
 
 
 class ResumeError(ValueError):

@@ -42,8 +42,8 @@ PANEL = "horizon"  # conf/ablation/horizon.yaml
 BASE = "base"  # the rating record of the frozen version against itself
 HORIZONS_S = (45.0, 90.0, 180.0, 360.0, 720.0)  # the paper's Figure 6
 # The base run's command-line settings each member sets itself (or the multirun does).
-MEMBER_SET = ("run_name=", "runs_dir=", "experiment=", "pipeline.max_versions=", "pipeline.max_seconds=", "seed=",
-              "ppo.gamma", "hydra", "+", "~")
+MEMBER_SET = ("run_name=", "runs_dir=", "experiment=", "pipeline.max_versions=", "pipeline.max_seconds=",
+              "pipeline.max_run_seconds=", "seed=", "ppo.gamma", "hydra", "+", "~")
 
 
 def gamma_for(horizon_s: float, step_seconds: float) -> float:
@@ -294,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--horizons: {err}") from None
     panel = read_panel(PANEL)
     panel = replace(panel, values=tuple(gammas), seeds=tuple(args.seeds) if args.seeds else panel.seeds,
-                    versions=base_version + args.versions)
+                    versions=base_version + args.versions, ranks=args.ranks)
     sweep_dir = args.runs / PANEL
     print(f"{args.base} at version {base_version} (gamma {config.ppo.gamma}, horizon "
           f"{horizon_of(config.ppo.gamma(base_version), step):.1f} s; T = {step:.4g} s a step): "

@@ -49,7 +49,8 @@ ENV_STEPS_PER_S = "perf/env_steps_per_s"
 INFERENCE_BATCH = "perf/inference_batch"  # mean observations per step of an inference rank (all its env ranks)
 INFERENCE_PASSES = "perf/inference_passes"  # mean forward passes per step: 1 + the past versions in play
 INFERENCE_MS = "perf/inference_ms"  # mean time of a step: observations to the device, passes, actions back
-WALL_SECONDS = "perf/wall_seconds"
+WALL_SECONDS = "perf/wall_seconds"  # since this sitting (job) started
+RUN_SECONDS = "perf/run_seconds"  # over the run's sittings: those up to the resumed version, and this one's
 # Bytes the transport moved so far, over every env and inference rank: the step requests env ranks sent (each a
 # step's observations of all its copies, its rewards and dones), the observation fields among them (float16 on the
 # wire with transport.fp16_observations), the segments inference ranks put into the experience rings, and their

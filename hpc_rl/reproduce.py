@@ -1,18 +1,24 @@
-"""`make reproduce`'s sweeps: OpenAI Five's Figure 5 panels as Hydra multiruns on Slurm, resumable across sittings.
+"""`make reproduce`'s sweeps: OpenAI Five's Figure 5 panels and the Neural MMO sweeps as Hydra multiruns on Slurm,
+resumable across sittings.
 
-    python -m hpc_rl.reproduce --runs runs/figure5                        # every panel, members one at a time
+    python -m hpc_rl.reproduce --runs runs/figure5                        # every Figure 5 panel, one member at a time
     python -m hpc_rl.reproduce --runs runs/figure5 --panels staleness --seeds 3 4 --parallel 2 --versions 100
     python -m hpc_rl.reproduce --runs runs/figure5 --dry-run              # what is finished, what would run
     python -m hpc_rl.reproduce --runs runs/figure5 --launcher local --parallel 2   # one node, no Slurm: mpirun
+    python -m hpc_rl.reproduce --runs runs/nmmo --panels nmmo_populations --launcher local   # docs/nmmo.md, "Sweeps"
 
 A panel is an ablation (``conf/ablation/<panel>.yaml``: the swept key, its values and the default seeds) run on
-``conf/experiment/<experiment>.yaml`` into ``<runs>/<panel>/``. Each member is one Slurm array task = one MPI job
-(``jobs/train.py`` through the submitit launcher ``hydra/launcher=local_slurm``); its run directory is named after
-its value and seed by the ablation config, so a member keeps its directory from one sitting to the next.
+``conf/experiment/<experiment>.yaml`` (``figure5`` for Figure 5's panels, ``nmmo`` for Neural MMO's) into
+``<runs>/<panel>/``. Each member is one Slurm array task = one MPI job (``jobs/train.py`` through the submitit
+launcher ``hydra/launcher=local_slurm``) of as many ranks as its composed config's topology; its run directory is
+named after its value and seed by the ablation config, so a member keeps its directory from one sitting to the next.
 
-Before launching, every member whose run directory has a ``summary.json`` with state ``finished`` at its panel's
-versions or more is skipped; one that started and did not finish (a crash, a cancelled job) is launched again
-and resumes from its latest checkpoint. The rest run as few multiruns as cover them exactly (one per set of values
+A member's budget is its config's: ``pipeline.max_versions`` (``--versions`` for Figure 5's panels), or, where the
+ablation sets ``pipeline.max_run_seconds`` (Neural MMO's: equal time, not equal versions), that much wall time over
+all the member's sittings. Before launching, every member whose run directory has a ``summary.json`` that ends its
+budget is skipped: state ``finished`` at the panel's versions or more, or ``time_limit`` with ``run_seconds`` at the
+panel's seconds or more. One that started and did not end its budget (a crash, a cancelled job, a sitting's own
+time limit) is launched again and resumes from its latest checkpoint. The rest run as few multiruns as cover them exactly (one per set of values
 sharing the same pending seeds), ``--parallel`` members at once. While a multirun runs, a line says which members
 are running and how many of the whole reproduction remain.
 
@@ -53,6 +59,8 @@ from hpc_rl.storage.layout import RunLayout
 
 ROOT = Path(__file__).resolve().parent.parent
 PANELS = ("batch_size", "staleness", "reuse")  # Figure 5a, 5b, 5c
+NMMO_PANELS = ("nmmo_populations", "nmmo_agents")  # docs/nmmo.md, "Sweeps"
+EXPERIMENTS = {**dict.fromkeys(PANELS, "figure5"), **dict.fromkeys(NMMO_PANELS, "nmmo")}  # each panel's preset
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -65,6 +73,8 @@ class Panel:
     values: tuple[str, ...]
     seeds: tuple[str, ...]
     versions: int = 0  # pipeline.max_versions of every member (0: not chosen yet)
+    seconds: float = 0.0  # pipeline.max_run_seconds of every member (0: none; the versions are the budget)
+    ranks: int = 0  # MPI ranks of every member: its topology's world size (0: not chosen yet)
     # What the ablation config sets for all its members besides the swept key (dotted key -> value), e.g. the reuse
     # panel's learning rate: a finished run directory counts as a member only if it has these too.
     settings: tuple[tuple[str, object], ...] = ()
@@ -72,6 +82,11 @@ class Panel:
     @property
     def members(self) -> list[tuple[str, str]]:
         return [(v, s) for v in self.values for s in self.seeds]
+
+    @property
+    def budget(self) -> str:
+        """Each member's budget in words."""
+        return f"{self.seconds:.0f} s of training each" if self.seconds else f"{self.versions} versions"
 
 
 def read_panel(name: str, conf: Path = ROOT / "conf") -> Panel:
@@ -117,10 +132,15 @@ def same_value(a: str, b) -> bool:
         return str(a) == str(b)
 
 
-def is_finished(summary: dict | None, versions: int) -> bool:
-    """A member is done when its job ended with state ``finished`` having trained ``versions`` or more (a member
-    stopped by a signal or a time limit, or one run shorter, trains on when launched again)."""
-    return bool(summary) and summary.get("state") == "finished" and int(summary.get("version") or 0) >= versions
+def is_finished(summary: dict | None, versions: int, seconds: float = 0.0) -> bool:
+    """A member is done when its job ended with state ``finished`` having trained ``versions`` or more, or, with a
+    run time budget of ``seconds``, with state ``time_limit`` after ``run_seconds`` of that or more (a member stopped
+    by a signal or its sitting's own time limit, or one run shorter, trains on when launched again)."""
+    if not summary:
+        return False
+    if summary.get("state") == "finished":
+        return int(summary.get("version") or 0) >= versions
+    return bool(seconds) and summary.get("state") == "time_limit" and float(summary.get("run_seconds") or 0) >= seconds
 
 
 def finished_members(panel: Panel, sweep_dir: Path) -> set[tuple[str, str]]:
@@ -133,7 +153,7 @@ def finished_members(panel: Panel, sweep_dir: Path) -> set[tuple[str, str]]:
         layout = RunLayout(run_dir)
         if not (layout.summary.is_file() and layout.config.is_file()):
             continue
-        if not is_finished(json.loads(layout.summary.read_text()), panel.versions):
+        if not is_finished(json.loads(layout.summary.read_text()), panel.versions, panel.seconds):
             continue
         config = yaml.safe_load(layout.config.read_text())
         if not all(same_value(str(want), _get(config, key)) for key, want in panel.settings):
@@ -158,7 +178,7 @@ def launch_groups(pending: Iterable[tuple[str, str]]) -> list[tuple[tuple[str, .
 def multirun_command(python: str, panel: Panel, values: Sequence[str], seeds: Sequence[str], args) -> list[str]:
     preset = [f"experiment={args.experiment}"] if args.experiment else []  # none: conf/train.yaml's own settings
     return [python, str(ROOT / "jobs" / "train.py"), "-m", f"ablation={panel.name}", *preset,
-            "hydra/launcher=local_slurm", f"hydra.launcher.tasks_per_node={args.ranks}",
+            "hydra/launcher=local_slurm", f"hydra.launcher.tasks_per_node={panel.ranks}",
             f"hydra.launcher.array_parallelism={args.parallel}", f"hydra.sweep.dir={args.runs / panel.name}",
             f"pipeline.max_versions={panel.versions}", f"{panel.key}={','.join(values)}", f"seed={','.join(seeds)}",
             *args.overrides]
@@ -168,7 +188,7 @@ def member_command(python: str, panel: Panel, value: str, seed: str, args) -> li
     """One member as its own MPI job on this node (``--launcher local``): the ablation config names its run
     directory, as in a multirun; ``runs_dir`` replaces the multirun's sweep directory."""
     preset = [f"experiment={args.experiment}"] if args.experiment else []
-    return [python, "-m", "hpc_rl.launch", str(args.ranks), str(ROOT / "jobs" / "train.py"), f"ablation={panel.name}",
+    return [python, "-m", "hpc_rl.launch", str(panel.ranks), str(ROOT / "jobs" / "train.py"), f"ablation={panel.name}",
             *preset, f"runs_dir={args.runs / panel.name}", f"pipeline.max_versions={panel.versions}",
             f"{panel.key}={value}", f"seed={seed}", *args.overrides]
 
@@ -181,12 +201,12 @@ def local_order(panels: Sequence[Panel], done: dict[str, set]) -> list[tuple[Pan
     return sorted(pending, key=lambda m: (m[0].seeds.index(m[2]), panels.index(m[0]), m[0].values.index(m[1])))
 
 
-def running_members(sweep_dir: Path, versions: int) -> list[str]:
-    """Run directories that have started (a metrics.h5) and not finished."""
+def running_members(sweep_dir: Path, panel: Panel) -> list[str]:
+    """Run directories that have started (a metrics.h5) and not ended their budget."""
     running = []
     for run_dir in sorted(p for p in sweep_dir.glob("*") if p.is_dir() and RunLayout(p).metrics.is_file()):
         summary = RunLayout(run_dir).summary
-        if not (summary.is_file() and is_finished(json.loads(summary.read_text()), versions)):
+        if not (summary.is_file() and is_finished(json.loads(summary.read_text()), panel.versions, panel.seconds)):
             running.append(run_dir.name)
     return running
 
@@ -198,7 +218,7 @@ def watch(process: subprocess.Popen, panel: Panel, sweep_dir: Path, done_elsewhe
     while True:
         code = process.poll()
         finished = len(finished_members(panel, sweep_dir))
-        running = running_members(sweep_dir, panel.versions)
+        running = running_members(sweep_dir, panel)
         line = (f"[{time.strftime('%H:%M:%S')}] {panel.name}: {finished}/{len(panel.members)} finished; "
                 f"running {', '.join(running) or '(none)'}; "
                 f"{total - done_elsewhere - finished} of {total} members remain in all")
@@ -249,19 +269,22 @@ def add_launcher_argument(p: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=Path, required=True, help="one sweep directory per panel is made under it")
-    p.add_argument("--panels", nargs="+", default=list(PANELS), choices=PANELS)
-    p.add_argument("--experiment", default="figure5", help="the member's preset, conf/experiment/<name>.yaml")
+    p.add_argument("--panels", nargs="+", default=list(PANELS), choices=PANELS + NMMO_PANELS,
+                   help="Figure 5's (the default: all three) or Neural MMO's, not both at once")
+    p.add_argument("--experiment", help="the members' preset, conf/experiment/<name>.yaml (default: figure5 for "
+                   "Figure 5's panels, nmmo for Neural MMO's)")
     p.add_argument("--seeds", nargs="+", help="seeds of every value (default: the ablation config's)")
     p.add_argument("--values", nargs="+", help="the swept values to run, some of the ablation config's (default: "
                    "all); one panel only. A direction test compares the baseline with the value farthest from it, "
                    "so a replication of that test may run those two alone")
-    p.add_argument("--versions", type=int, default=250, help="pipeline.max_versions of the staleness and reuse "
-                   "members (default 250)")
+    p.add_argument("--versions", type=int, help="pipeline.max_versions of the staleness and reuse members "
+                   "(default: the preset's, 250 for figure5)")
     p.add_argument("--batch-versions", type=int, help="pipeline.max_versions of the batch-size members (default: "
                    "half of --versions)")
     p.add_argument("--parallel", type=int, default=1, help="members running at once (Slurm array parallelism)")
     add_launcher_argument(p)
-    p.add_argument("--ranks", type=int, default=6, help="MPI ranks per member: the preset's topology world size")
+    p.add_argument("--ranks", type=int, help="MPI ranks per member (default: the world size of its composed "
+                   "config's topology); a member whose topology needs another number is refused at its start")
     p.add_argument("--dry-run", action="store_true", help="print the multiruns, launch nothing")
     p.add_argument("overrides", nargs="*", help="further config overrides for every member (key=value)")
     return p
@@ -270,9 +293,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.runs = args.runs.resolve()  # the multiruns run in the checkout's root
-    batch_versions = args.batch_versions or max(1, args.versions // 2)
-    if args.parallel < 1 or args.versions < 1 or batch_versions < 1:
-        raise SystemExit("--parallel, --versions and --batch-versions must be >= 1")
+    if any(n is not None and n < 1 for n in (args.parallel, args.versions, args.batch_versions, args.ranks)):
+        raise SystemExit("--parallel, --versions, --batch-versions and --ranks must be >= 1")
+    presets = {EXPERIMENTS[name] for name in args.panels}
+    if len(presets) > 1:
+        raise SystemExit(f"--panels {' '.join(args.panels)}: Figure 5's panels and Neural MMO's train different "
+                         f"presets; run them in two sweeps")
+    args.experiment = args.experiment or presets.pop()
     if args.values and len(args.panels) != 1:
         raise SystemExit(f"--values picks values of one panel's key; name one panel, got {' '.join(args.panels)}")
     panels = []
@@ -287,14 +314,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         # An override of a setting the ablation config fixes wins on every member, so it is what a member has.
         given = dict(o.lstrip("+").split("=", 1) for o in args.overrides if "=" in o)
         settings = tuple((k, given.get(k, v)) for k, v in panel.settings)
+        member = member_config(panel, args.experiment, args.overrides)
+        versions = args.versions or member.pipeline.max_versions
+        if name == "batch_size":
+            versions = args.batch_versions or max(1, versions // 2)
         panels.append(replace(panel, seeds=tuple(args.seeds) if args.seeds else panel.seeds, settings=settings,
-                              versions=batch_versions if name == "batch_size" else args.versions))
+                              versions=versions, seconds=member.pipeline.max_run_seconds,
+                              ranks=args.ranks or member.topology.world_size))
     done = {p.name: finished_members(p, args.runs / p.name) for p in panels}
     total = sum(len(p.members) for p in panels)
     skipped = sum(len(d) for d in done.values())
     print(f"{total} members in {len(panels)} panel(s): {skipped} finished (skipped), {total - skipped} to run, "
           f"{args.parallel} at a time", flush=True)
     return launch(panels, done, total, args)
+
+
+def member_config(panel: Panel, experiment: str | None, overrides: Sequence[str]):
+    """The config of ``panel``'s first member (``hpc_rl.config.TrainConfig``), composed as its job will compose it:
+    its budget and topology are every member's."""
+    from hydra import compose, initialize_config_dir
+
+    from hpc_rl.config import build_config, register
+
+    register()
+    preset = [f"experiment={experiment}"] if experiment else []
+    member = [f"ablation={panel.name}", *preset, "runs_dir=.", f"{panel.key}={panel.values[0]}",
+              f"seed={panel.seeds[0]}", *overrides]
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+            return build_config(compose("train", overrides=member))
+    except Exception as err:  # noqa: BLE001 - Hydra's errors have no common base
+        raise SystemExit(f"the {panel.name} members' config does not compose ({' '.join(member)}): {err}") from None
 
 
 def launch(panels: list[Panel], done: dict[str, set], total: int, args) -> int:
@@ -324,7 +374,7 @@ def run_panels(panels: list[Panel], done: dict[str, set], total: int, args) -> i
     for panel in panels:
         sweep_dir = args.runs / panel.name
         pending = [m for m in panel.members if m not in done[panel.name]]
-        print(f"== {panel.name} ({panel.key}, {panel.versions} versions): {len(panel.members) - len(pending)}/"
+        print(f"== {panel.name} ({panel.key}, {panel.budget}): {len(panel.members) - len(pending)}/"
               f"{len(panel.members)} finished, {len(pending)} to run", flush=True)
         done_elsewhere = sum(len(d) for name, d in done.items() if name != panel.name)
         for values, seeds in launch_groups(pending):
@@ -361,7 +411,7 @@ def run_panels_locally(panels: list[Panel], done: dict[str, set], total: int, ar
     """``--launcher local``: the pending members of ``panels``, each its own mpirun job, ``--parallel`` at once.
     Every member runs even when another fails; the exit code is the first failed member's, else 0."""
     for panel in panels:
-        print(f"== {panel.name} ({panel.key}, {panel.versions} versions): {len(done[panel.name])}/"
+        print(f"== {panel.name} ({panel.key}, {panel.budget}): {len(done[panel.name])}/"
               f"{len(panel.members)} finished, {len(panel.members) - len(done[panel.name])} to run", flush=True)
     queue = []
     for panel, value, seed in local_order(panels, done):

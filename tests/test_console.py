@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_rl.roles.console import (duration, final_eval_line, progress_line, rank_ranges, start_banner,
-                                  summary_block, time_left)
+from hpc_rl.roles.console import (duration, final_eval_line, progress_line, rank_ranges, sitting_limit,
+                                  start_banner, summary_block, time_left)
 
 ROLES = {0: "controller", 1: "env[0]", 2: "env[1]", 3: "inference[0]", 4: "learner[0]", 5: "learner[1]"}
 
@@ -38,6 +38,17 @@ def test_time_left_is_whichever_limit_ends_the_run_first():
     assert time_left(100.0, 30, 20, 40, 0.0) == 100.0  # a resumed attempt's pace counts its own versions only
     assert time_left(700.0, 10, 0, 500, 600.0) == 0.0  # past the limit, before the stop lands
     assert time_left(5.0, 0, 0, 500, 0.0) is None  # no version yet, no time limit: unknown
+
+
+def test_a_sitting_stops_at_its_own_limit_or_at_what_is_left_of_the_runs():
+    assert sitting_limit(0.0, 0.0, 500.0) == (0.0, "")  # no limit
+    assert sitting_limit(600.0, 0.0, 500.0) == (600.0, "time limit of 600 s")  # a sitting's limit ignores the past
+    # The run's budget counts the earlier sittings: 900 s with 700 s spent leaves this sitting 200 s.
+    assert sitting_limit(0.0, 900.0, 700.0) == (200.0, "the run's time limit of 900 s (700 s in earlier sittings)")
+    assert sitting_limit(150.0, 900.0, 700.0) == (150.0, "time limit of 150 s")  # whichever is shorter
+    assert sitting_limit(600.0, 900.0, 0.0) == (600.0, "time limit of 600 s")
+    # A run that spent its budget stops at its next version.
+    assert sitting_limit(0.0, 900.0, 950.0) == (1.0, "the run's time limit of 900 s (950 s in earlier sittings)")
 
 
 def test_progress_line_keeps_the_version_first_and_shows_the_clock():

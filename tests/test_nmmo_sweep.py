@@ -61,7 +61,7 @@ def test_sweep_configs_compose_for_every_member(ablation, key, values):
             cfg = compose("train", overrides=["experiment=nmmo", f"ablation={ablation}", f"env.nmmo.{key}={value}",
                                               "runs_dir=runs/x"])
             config = build_config(cfg)
-            assert getattr(config.env.nmmo, key) == value and config.pipeline.max_seconds > 0
+            assert getattr(config.env.nmmo, key) == value and config.pipeline.max_run_seconds > 0
             assert config.pipeline.final_eval_games > 0 and config.topology.learner >= config.populations
 
 

@@ -181,6 +181,28 @@ def test_failed_rank_ends_the_job_under_srun(slurm_cluster, tmp_path, what):
     _failure("srun", tmp_path, what)
 
 
+def test_a_run_time_limit_counts_every_sitting_of_the_run(tmp_path):
+    # pipeline.max_run_seconds is the run's budget over all its sittings (a sweep member's): a first sitting ended by
+    # its own limit (pipeline.max_seconds) leaves the rest to the next, which starts from the time spent before.
+    budget = ["pipeline.max_versions=100000", "pipeline.max_run_seconds=20", "pipeline.final_eval_games=0"]
+    first = Job(_train_cmd("mpirun", tmp_path, "budget", [*budget, "pipeline.max_seconds=5"]), tmp_path)
+    assert first.wait(300) == 0, first.output
+    assert "time limit of 5 s: stopping at version" in first.output, first.output
+    summary = json.loads((tmp_path / "budget" / "summary.json").read_text())
+    before = summary["run_seconds"]
+    assert summary["state"] == "time_limit" and 5 <= before < 20, summary
+
+    second = Job(_train_cmd("mpirun", tmp_path, "budget", budget), tmp_path)  # the same run, no sitting limit
+    assert second.wait(300) == 0, second.output
+    assert f"the run's time limit of 20 s ({before:.0f} s in earlier sittings): stopping at version" in second.output, \
+        second.output
+    summary = json.loads((tmp_path / "budget" / "summary.json").read_text())
+    assert summary["state"] == "time_limit" and summary["run_seconds"] >= 20, summary
+    run_seconds = open_run(tmp_path / "budget").metrics["perf/run_seconds"]
+    assert np.all(np.diff(run_seconds["value"]) > 0)  # continued at the resume, not restarted
+    assert run_seconds["value"][-1] == summary["run_seconds"]
+
+
 def _cartpole(runs: Path, name: str, max_versions: int) -> Job:
     """The CartPole learning check (conf/experiment/cartpole.yaml: 400 versions, the learning rate decaying to 0
     over them), stopped after ``max_versions``."""

@@ -54,6 +54,11 @@ def test_is_finished():
     assert not is_finished({"state": "preempted", "version": 250}, 250)
     assert not is_finished({"state": "cancelled", "version": 40}, 250)
     assert not is_finished(None, 250)
+    # A run time budget (pipeline.max_run_seconds): done when the run's time over its sittings reached it.
+    assert is_finished({"state": "time_limit", "version": 80, "run_seconds": 903.0}, 1000000, 900.0)
+    assert not is_finished({"state": "time_limit", "version": 30, "run_seconds": 240.5}, 1000000, 900.0)  # a sitting's
+    assert not is_finished({"state": "time_limit", "version": 80, "run_seconds": 903.0}, 250)  # no time budget
+    assert not is_finished({"state": "cancelled", "version": 80, "run_seconds": 950.0}, 1000000, 900.0)
 
 
 @pytest.mark.light
@@ -169,6 +174,33 @@ def test_local_dry_run_runs_each_member_as_its_own_job_seed_by_seed(tmp_path, ca
     assert first[1:5] == ["-m", "hpc_rl.launch", "7", str(ROOT / "jobs" / "train.py")]
     assert first[6:9] == ["experiment=figure5", f"runs_dir={tmp_path / 'staleness'}", "pipeline.max_versions=40"]
     assert first[-1] == "topology.inference=2"
+
+
+def test_neural_mmo_panels_budget_wall_time_and_take_their_ranks_from_the_topology(tmp_path, capsys):
+    """The Neural MMO sweeps give each member 900 s over all its sittings: a member whose sittings summed to that is
+    skipped, one whose sitting ended at its own time limit before is run again; each member runs on its composed
+    topology's ranks (12: a learner per population and 8 in all) on experiment=nmmo."""
+    sweep = tmp_path / "nmmo_populations"
+    for name, k, seed, summary in (("populations1-seed3", 1, 3, {"state": "time_limit", "run_seconds": 901.5}),
+                                   ("populations2-seed3", 2, 3, {"state": "time_limit", "run_seconds": 240.2})):
+        (sweep / name).mkdir(parents=True)
+        (sweep / name / "config.yaml").write_text(yaml.safe_dump(
+            {"seed": seed, "env": {"nmmo": {"populations": k}}, "topology": {"learner": 8},
+             "pipeline": {"max_run_seconds": 900, "max_versions": 1000000, "final_eval_games": 8}}))
+        (sweep / name / "summary.json").write_text(json.dumps({**summary, "version": 50}))
+    assert main(["--runs", str(tmp_path), "--panels", "nmmo_populations", "--seeds", "3", "--launcher", "local",
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "4 members in 1 panel(s): 1 finished (skipped), 3 to run" in out
+    assert "== nmmo_populations (env.nmmo.populations, 900 s of training each): 1/4 finished, 3 to run" in out
+    commands = [line[2:].split() for line in out.splitlines() if line.startswith("$ ")]
+    assert [c[-2] for c in commands] == ["env.nmmo.populations=2", "env.nmmo.populations=4", "env.nmmo.populations=8"]
+    assert commands[0][1:4] == ["-m", "hpc_rl.launch", "12"]
+    assert "experiment=nmmo" in commands[0] and "pipeline.max_versions=1000000" in commands[0]
+    main(["--runs", str(tmp_path), "--panels", "nmmo_agents", "--seeds", "3", "--dry-run", "--launcher", "local"])
+    assert [c.split()[4] for c in capsys.readouterr().out.splitlines() if c.startswith("$ ")] == ["5"] * 4
+    with pytest.raises(SystemExit, match="Figure 5's panels and Neural MMO's train different presets"):
+        main(["--runs", str(tmp_path), "--panels", "staleness", "nmmo_agents", "--dry-run"])
 
 
 @pytest.mark.mpi
@@ -295,7 +327,7 @@ def test_a_stopped_driver_cancels_its_jobs_and_a_killed_ones_are_not_launched_tw
     assert not _alive(multirun)
     assert set(wait_for_jobs([job], timeout=120).values()) == {"CANCELLED"}, job_states(job)
     assert active_jobs(submitted_jobs(runs / "staleness" / ".submitit")) == []
-    started = running_members(runs / "staleness", 100000)
+    started = running_members(runs / "staleness", replace(read_panel("staleness"), versions=100000))
     assert started, "the cancelled member's run directory is left unfinished, to resume"
     dry = subprocess.run([sys.executable, "-m", "hpc_rl.reproduce", "--runs", str(runs), "--panels", "staleness",
                           "--seeds", "9", "--versions", "100000", "--dry-run"], cwd=ROOT, env=rank_env(),

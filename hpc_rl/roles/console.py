@@ -3,6 +3,7 @@
     start_banner(run_dir, resumed_from, roles, max_versions, max_seconds, stop_hint)   # before the first version
     progress_line(version, elapsed, left, figures)                                    # one per published version
     time_left(elapsed, version, first_version, max_versions, max_seconds)             # the budget's remaining time
+    sitting_limit(max_seconds, max_run_seconds, run_seconds_before)                   # this sitting's time limit
     summary_block(summary)                                                             # after the last version
 
 Pure functions of numbers and strings (the controller gathers them), so the wording is tested without a job.
@@ -33,6 +34,20 @@ def rank_ranges(roles: Mapping[int, str]) -> str:
         else:
             groups.append((rank, rank, role))
     return ", ".join(f"{a} {role}" if a == b else f"{a}-{b} {role}" for a, b, role in groups)
+
+
+def sitting_limit(max_seconds: float, max_run_seconds: float, run_seconds_before: float) -> tuple[float, str]:
+    """This sitting's wall-time limit in seconds (0: none) and its reason in words: ``pipeline.max_seconds`` (one
+    sitting's) or what the run's earlier sittings left of ``pipeline.max_run_seconds``, whichever is shorter.
+    A run that has spent its whole budget gets a limit of one second: it stops at its next version."""
+    limits = []
+    if max_seconds:
+        limits.append((max_seconds, f"time limit of {max_seconds:.0f} s"))
+    if max_run_seconds:
+        left = max(max_run_seconds - run_seconds_before, 1.0)
+        limits.append((left, f"the run's time limit of {max_run_seconds:.0f} s ({run_seconds_before:.0f} s in "
+                             f"earlier sittings)"))
+    return min(limits) if limits else (0.0, "")
 
 
 def budget(max_versions: int, max_seconds: float) -> str:

@@ -42,7 +42,7 @@ from hpc_rl.league.pool import OpponentPool
 from hpc_rl.league.tournament import RatingBook, rating_line
 from hpc_rl.populations import join_sections, merge_metrics, metric_name
 from hpc_rl.roles.common import Backoff, StopFlag
-from hpc_rl.roles.console import progress_line, start_banner, summary_block, time_left, win_figure
+from hpc_rl.roles.console import progress_line, sitting_limit, start_banner, summary_block, time_left, win_figure
 from hpc_rl.roles.control import ControlEndpoint
 from hpc_rl.roles.lifeline import Lifelines
 from hpc_rl.roles.protocol import (TAG_ACCOUNTING, TAG_CHECKPOINT, TAG_DONE, TAG_EVALUATION, TAG_HALT, TAG_HEARTBEAT,
@@ -197,6 +197,11 @@ class Controller:
         # The caller holds the run lock: a metrics.h5 a crashed job left open is recovered.
         self.metrics = MetricsWriter(self.layout.metrics, resume_version=resume_version if resume_version >= 0
                                      else None, recover=True)
+        # The run's wall time in its earlier sittings, up to the resumed version (pipeline.max_run_seconds).
+        self.run_seconds_before = self.metrics.kept_last(M.RUN_SECONDS) or 0.0
+        self.time_limit, self.time_limit_reason = sitting_limit(config.pipeline.max_seconds,
+                                                                config.pipeline.max_run_seconds,
+                                                                self.run_seconds_before)
         # TensorBoard's view of metrics.h5, when tensorboard is installed: this attempt starts at the next version.
         self.tensorboard = open_export(self.layout.tensorboard, first_version=max(resume_version, 0) + 1)
         if self.tensorboard is None:
@@ -329,6 +334,7 @@ class Controller:
             metrics[M.INFERENCE_PASSES] = float(np.mean([s["passes"] for s in reported]))
             metrics[M.INFERENCE_MS] = float(np.mean([s["infer_ms"] for s in reported]))
         metrics[M.WALL_SECONDS] = time.monotonic() - self.started
+        metrics[M.RUN_SECONDS] = self.run_seconds_before + metrics[M.WALL_SECONDS]
         for name, key, ranks in ((M.REQUEST_BYTES, "request_bytes", env),
                                  (M.REQUEST_OBSERVATION_BYTES, "observation_bytes", env),
                                  (M.SEGMENT_BYTES, "segment_bytes", env if self.config.env.is_go else inference),
@@ -402,8 +408,8 @@ class Controller:
             figures += [("policy_loss", f"{m.get(M.POLICY_LOSS, 0):+.3f}"),
                         ("entropy", f"{m.get(M.ENTROPY, 0):.3f}")]
         elapsed = m[M.WALL_SECONDS]
-        pipeline = self.config.pipeline
-        left = time_left(elapsed, version, max(self.resume_version, 0), pipeline.max_versions, pipeline.max_seconds)
+        left = time_left(elapsed, version, max(self.resume_version, 0), self.config.pipeline.max_versions,
+                         self.time_limit)
         line = progress_line(version, elapsed, left, figures)
         print(line, flush=True)
         log.info(line)
@@ -488,8 +494,8 @@ class Controller:
         if self.stop_flag is not None and self.stop_flag.raised:
             reason = f"signal {self.stop_flag.signum}"
             self.stop_reason = "preempted" if self.stop_flag.come_back else "cancelled"
-        elif self.config.pipeline.max_seconds and time.monotonic() - self.started > self.config.pipeline.max_seconds:
-            reason = f"time limit of {self.config.pipeline.max_seconds:.0f} s"
+        elif self.time_limit and time.monotonic() - self.started > self.time_limit:
+            reason = self.time_limit_reason
             self.stop_reason = "time_limit"
         if reason:
             target = self.version + 1
@@ -525,7 +531,7 @@ class Controller:
         what = (f"MOBA {env.moba.team_size}v{env.moba.team_size}" if env.is_moba else env.name) + " training"
         resumed = checkpoint_name(self.resume_version) if self.resume_version >= 0 else None
         text = start_banner(self.run_dir.resolve(), self.resume_version, resumed, self.topology.role_map(), what,
-                            self.config.pipeline.max_versions, self.config.pipeline.max_seconds, stop)
+                            self.config.pipeline.max_versions, self.time_limit, stop)
         print(text, flush=True)
         log.info("%s", text)
 
@@ -655,7 +661,9 @@ class Controller:
         devices = {role.value: [s.get("device") for s in self._role_stats(role)]
                    for role in (Role.INFERENCE, Role.LEARNER)}
         return {"run_name": self.config.run_name, "state": self.stop_reason, "version": version,
-                "seconds": time.monotonic() - self.started, "devices": devices,
+                "seconds": time.monotonic() - self.started,
+                # What a resume counts against pipeline.max_run_seconds: the run's time up to its last version.
+                "run_seconds": self.last_metrics.get(M.RUN_SECONDS, self.run_seconds_before), "devices": devices,
                 "final_eval": final, "final_eval_note": note,
                 "files": {name: str(path) for name, path in files.items()}, "next": commands}
 

@@ -215,6 +215,7 @@ class MetricsWriter:
             table = self._existing(resume_version, recover)
         self._file = write_table(self.path, table, swmr_writer=True)
         self._ids = {name: i for i, name in enumerate(table.series)}
+        self._kept_last = {name: float(s["value"][-1]) for name, s in table.series.items() if len(s)}
         self._names_ds, self._rows_ds = self._file[NAMES], self._file[ROWS]
 
     def _existing(self, resume_version: int | None, recover: bool) -> MetricsTable:
@@ -240,6 +241,10 @@ class MetricsWriter:
             log.warning(line)
             print(line, flush=True)
         return table
+
+    def kept_last(self, name: str) -> float | None:
+        """The last value of series ``name`` that the file held when this writer started (past the cut), or None."""
+        return self._kept_last.get(name)
 
     def log(self, name: str, version: int, step: int, value: float, wall_time: float | None = None) -> None:
         _check_name(name)
