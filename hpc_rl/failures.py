@@ -14,6 +14,9 @@ requeue``; it resumes from the last committed checkpoint, as after a preemption)
 most ``pipeline.max_failure_requeues``; past it the state is ``failed`` with a message naming the failures, and the
 job ends non-zero.
 
+Its exit status is 1 when the attempt failed, 0 when it did not: what the job ends with where srun's own status was
+lost (train.sbatch's watchdog ended an srun that outlived its step).
+
 The count is the run's, kept in its directory across jobs, not Slurm's ``SLURM_RESTART_COUNT``: that one counts the
 requeues of one job id, preemptions included, and starts again at 0 for a job submitted anew.
 """
@@ -112,13 +115,15 @@ class _TermFlag:
         self.raised = True
 
 
-def after_srun(exit_status: int, started: float, overrides: list[str]) -> None:
-    """Judge the attempt; record a failure in ``status.json`` and requeue the job while the limit allows."""
+def after_srun(exit_status: int, started: float, overrides: list[str]) -> bool:
+    """Judge the attempt; record a failure in ``status.json`` and requeue the job while the limit allows. Returns
+    whether the attempt failed (a run whose failure cannot be judged, its config not composing or its directory
+    never made, counts as failed)."""
     term = _TermFlag()
     if exit_status in (EXIT_BAD_CONFIG, EXIT_REFUSED):  # the job said why; its config may not even compose
         print(f"hpc_rl: exit status {exit_status}, a refusal: the same job would be refused again, not requeued",
               flush=True)
-        return
+        return False
     from hydra import compose, initialize_config_dir
 
     from hpc_rl.config import build_config, register
@@ -133,18 +138,18 @@ def after_srun(exit_status: int, started: float, overrides: list[str]) -> None:
             config = build_config(compose("train", overrides=overrides))
     except Exception as err:  # noqa: BLE001 - Hydra's errors have no common base; the job's output said it first
         print(f"hpc_rl: not requeued: the job's config does not compose ({err})", flush=True)
-        return
+        return True
     run_dir = Path(config.runs_dir) / config.run_name
     layout = RunLayout(run_dir)
     if not layout.meta.is_file():
         print(f"hpc_rl: not requeued: the job failed before it started run {run_dir}", flush=True)
-        return
+        return True
     status = read_status(run_dir)
     job = slurm_job_id()
     cause = attempt_cause(exit_status, status, started, _srun_report(job, layout))
     if cause is None:
         print(f"hpc_rl: not requeued: the run ended {status.get('state', 'without a status')}", flush=True)
-        return
+        return False
     committed = max(committed_versions(layout.checkpoints), default=-1)
     failures = [*status.get("failures", []),
                 {"cause": cause, "exit_status": exit_status, "job": job, "committed": committed, "time": time.time(),
@@ -162,13 +167,15 @@ def after_srun(exit_status: int, started: float, overrides: list[str]) -> None:
 
     record(requeued, reason)  # before the requeue, which ends this job
     if not requeued:
-        return
+        return True
     if term.raised:
-        return record(False, f"{cause}; not requeued: the job was cancelled")
+        record(False, f"{cause}; not requeued: the job was cancelled")
+        return True
     try:
         requeue(job)
     except RequeueError as err:
         record(False, f"{cause}; not requeued: {err}; submitting the same job again resumes from {_from(committed)}")
+    return True
 
 
 def _srun_report(job: str | None, layout: RunLayout) -> str | None:
@@ -189,4 +196,4 @@ def _srun_report(job: str | None, layout: RunLayout) -> str | None:
 
 
 if __name__ == "__main__":
-    after_srun(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:])
+    sys.exit(1 if after_srun(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]) else 0)

@@ -13,7 +13,7 @@ log() { printf '[setup] %s\n' "$*"; }
 fail() { printf '[setup] FAILED: %s\n' "$*" >&2; exit 1; }
 
 # --- 1. Debian packages -------------------------------------------------------------------------
-DEB_PKGS=(libopenmpi-dev openmpi-bin slurm-wlm munge cmake g++ make iproute2)
+DEB_PKGS=(libopenmpi-dev openmpi-bin slurm-wlm munge cmake g++ make iproute2 gdb)
 missing=()
 for p in "${DEB_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -92,17 +92,23 @@ def test_after_srun_records_the_failure_and_outside_slurm_does_not_requeue(tmp_p
     for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(name, raising=False)
     overrides = ["experiment=cartpole", f"runs_dir={tmp_path}", "run_name=r"]
-    after_srun(1, time.time(), overrides)  # the job failed before its controller made the run: nothing to record
+    assert after_srun(1, time.time(), overrides)  # failed before its controller made the run: nothing to record
     assert "not requeued: the job failed before it started run" in capsys.readouterr().out
     write_meta(tmp_path / "r", roles=ROLES)
     started = time.time()
     write_status(tmp_path / "r", "aborted", 3, committed=2, reason="rank 2 (inference[0]) has sent nothing")
-    after_srun(1, started, overrides)
+    assert after_srun(1, started, overrides)
     status = json.loads((tmp_path / "r" / "status.json").read_text())
     assert status["state"] == "failed" and status["reason"] == (
         "rank 2 (inference[0]) has sent nothing; not requeued: not under Slurm")
     assert [(f["cause"], f["exit_status"], f["requeued"], f["committed"]) for f in status["failures"]] == [
         ("rank 2 (inference[0]) has sent nothing", 1, False, -1)]
-    after_srun(EXIT_REFUSED, started, overrides)  # another job holds the run: its status is left alone
+    assert not after_srun(EXIT_REFUSED, started, overrides)  # another job holds the run: its status is left alone
     assert json.loads((tmp_path / "r" / "status.json").read_text()) == status
     assert "a refusal: the same job would be refused again, not requeued" in capsys.readouterr().out
+    # An attempt whose ranks ended the run by its decision did not fail, whatever srun's status (one the watchdog
+    # of train.sbatch killed after its step ended): the job ends 0.
+    started = time.time()
+    write_status(tmp_path / "r", "finished", 12, committed=12)
+    assert not after_srun(137, started, overrides)
+    assert "not requeued: the run ended finished" in capsys.readouterr().out
