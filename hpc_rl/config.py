@@ -19,7 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from pathlib import Path
 from typing import Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
@@ -591,6 +593,15 @@ def register() -> None:
     _register_resolvers()
     schema = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
     ConfigStore.instance().store(name="train_schema", node=schema)
+
+
+def compose_config(overrides: Sequence[str]) -> TrainConfig:
+    """The config jobs/train.py composes from the command line's ``overrides`` (conf/train.yaml and its groups)."""
+    from hydra import compose, initialize_config_dir
+
+    register()
+    with initialize_config_dir(version_base="1.3", config_dir=str(Path(__file__).resolve().parent.parent / "conf")):
+        return build_config(compose("train", overrides=list(overrides)))
 
 
 def _known(d: dict, written: dict) -> dict:

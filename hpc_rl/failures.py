@@ -124,18 +124,14 @@ def after_srun(exit_status: int, started: float, overrides: list[str]) -> bool:
         print(f"hpc_rl: exit status {exit_status}, a refusal: the same job would be refused again, not requeued",
               flush=True)
         return False
-    from hydra import compose, initialize_config_dir
-
-    from hpc_rl.config import build_config, register
+    from hpc_rl.config import compose_config
     from hpc_rl.slurm import RequeueError, requeue, slurm_job_id
     from hpc_rl.storage.checkpoint import committed_versions
     from hpc_rl.storage.layout import RunLayout
     from hpc_rl.storage.run import read_status, write_status
 
-    register()
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(Path(__file__).resolve().parent.parent / "conf")):
-            config = build_config(compose("train", overrides=overrides))
+        config = compose_config(overrides)
     except Exception as err:  # noqa: BLE001 - Hydra's errors have no common base; the job's output said it first
         print(f"hpc_rl: not requeued: the job's config does not compose ({err})", flush=True)
         return True

@@ -5,7 +5,7 @@ resumable across sittings.
     python -m hpc_rl.reproduce --runs runs/figure5 --panels staleness --seeds 3 4 --parallel 2 --versions 100
     python -m hpc_rl.reproduce --runs runs/figure5 --dry-run              # what is finished, what would run
     python -m hpc_rl.reproduce --runs runs/figure5 --launcher local --parallel 2   # one node, no Slurm: mpirun
-    python -m hpc_rl.reproduce --runs runs/nmmo --panels nmmo_populations --launcher local   # docs/nmmo.md, "Sweeps"
+    python -m hpc_rl.reproduce --runs runs --panels nmmo_populations --launcher local   # docs/nmmo.md
 
 A panel is an ablation (``conf/ablation/<panel>.yaml``: the swept key, its values and the default seeds) run on
 ``conf/experiment/<experiment>.yaml`` (``figure5`` for Figure 5's panels, ``nmmo`` for Neural MMO's) into
@@ -18,9 +18,9 @@ ablation sets ``pipeline.max_run_seconds`` (Neural MMO's: equal time, not equal 
 all the member's sittings. Before launching, every member whose run directory has a ``summary.json`` that ends its
 budget is skipped: state ``finished`` at the panel's versions or more, or ``time_limit`` with ``run_seconds`` at the
 panel's seconds or more. One that started and did not end its budget (a crash, a cancelled job, a sitting's own
-time limit) is launched again and resumes from its latest checkpoint. The rest run as few multiruns as cover them exactly (one per set of values
-sharing the same pending seeds), ``--parallel`` members at once. While a multirun runs, a line says which members
-are running and how many of the whole reproduction remain.
+time limit) is launched again and resumes from its latest checkpoint. The rest run as few multiruns as cover them
+exactly (one per set of values sharing the same pending seeds), ``--parallel`` members at once. While a multirun
+runs, a line says which members are running and how many of the whole reproduction remain.
 
 Stopping: SIGINT (Ctrl-C), SIGTERM or SIGHUP to the driver ends its multirun and cancels the Slurm jobs it
 submitted (a member commits a checkpoint when cancelled and resumes from it at the next sitting). A driver killed
@@ -332,17 +332,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def member_config(panel: Panel, experiment: str | None, overrides: Sequence[str]):
     """The config of ``panel``'s first member (``hpc_rl.config.TrainConfig``), composed as its job will compose it:
     its budget and topology are every member's."""
-    from hydra import compose, initialize_config_dir
+    from hpc_rl.config import compose_config
 
-    from hpc_rl.config import build_config, register
-
-    register()
     preset = [f"experiment={experiment}"] if experiment else []
     member = [f"ablation={panel.name}", *preset, "runs_dir=.", f"{panel.key}={panel.values[0]}",
               f"seed={panel.seeds[0]}", *overrides]
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            return build_config(compose("train", overrides=member))
+        return compose_config(member)
     except Exception as err:  # noqa: BLE001 - Hydra's errors have no common base
         raise SystemExit(f"the {panel.name} members' config does not compose ({' '.join(member)}): {err}") from None
 

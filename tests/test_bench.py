@@ -12,7 +12,7 @@ import yaml
 
 from hpc_rl.algo.config import PPOConfig
 from hpc_rl.bench import REPORT_SEEDS, TUNING_SEEDS, e2e, gpu, learning, seed_report
-from hpc_rl.config import EnvConfig, LeagueConfig, PipelineConfig, TrainConfig
+from hpc_rl.config import EnvConfig, LeagueConfig, PipelineConfig, TrainConfig, compose_config
 from hpc_rl.topology import TopologyConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _bench_configs():
     """The configs ``bench e2e`` runs: the default job's (as jobs/train.py composes it) and the serial runner's."""
-    pipeline = e2e.pipeline_config(["pipeline.max_versions=30", "pipeline.async_actions=false"])
+    pipeline = compose_config(["pipeline.max_versions=30", "pipeline.async_actions=false"])
     return pipeline, e2e.serial_config(pipeline)
 
 
@@ -51,7 +51,7 @@ def test_e2e_pipeline_and_serial_runner_do_equal_work():
 def test_e2e_make_trains_job_and_the_default_job_do_the_same_training_work():
     # The bench's default MOBA job is make train's (one learner, 8 segments); its serial side does its work, and
     # the batch and gradient steps are the default job's (two learners, 4 segments each).
-    pipeline = e2e.pipeline_config(["experiment=moba_kickstart", "pipeline.max_versions=30"])
+    pipeline = compose_config(["experiment=moba_kickstart", "pipeline.max_versions=30"])
     sides = e2e.equal_work(pipeline, e2e.serial_config(pipeline))
     default = e2e.work(_bench_configs()[0])
     assert pipeline.topology.learner == 1 and pipeline.topology.world_size == 5
@@ -75,7 +75,7 @@ def test_e2e_refuses_a_serial_side_with_other_work_and_names_the_field(change, f
 
 
 def test_e2e_refuses_a_topology_whose_batch_the_serial_runner_cannot_hold():
-    pipeline = e2e.pipeline_config(["topology.env=3", "topology.inference=1", "topology.learner=2"])
+    pipeline = compose_config(["topology.env=3", "topology.inference=1", "topology.learner=2"])
     with pytest.raises(e2e.UnequalWork, match="8 segments of one env rank each is not a whole number"):
         e2e.serial_config(pipeline)
 

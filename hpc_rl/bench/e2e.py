@@ -38,7 +38,7 @@ import numpy as np
 
 from hpc_rl import metric_names as M
 from hpc_rl.bench import REPORT_SEEDS
-from hpc_rl.config import TrainConfig, build_config, register
+from hpc_rl.config import TrainConfig, compose_config
 from hpc_rl.launch import mpirun_command, rank_env, set_torch_threads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,15 +122,6 @@ def equal_work(pipeline: TrainConfig, serial: TrainConfig) -> dict:
     return sides
 
 
-def pipeline_config(overrides: list[str]) -> TrainConfig:
-    """The config jobs/train.py composes from ``overrides`` (conf/train.yaml and its groups)."""
-    from hydra import compose, initialize_config_dir
-
-    register()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        return build_config(compose("train", overrides=overrides))
-
-
 def serial_config(pipeline: TrainConfig, run_name: str = "serial") -> TrainConfig:
     """The serial runner's config for ``pipeline``'s work: every env rank's copies on its one env worker, and as many
     of those (wider) segments per update as the pipeline's learners take together."""
@@ -168,7 +159,7 @@ def launch_job(runs: Path, name: str, overrides: list[str], timeout: float) -> T
     """Run jobs/train.py as run ``name`` in ``runs`` with ``overrides``, on as many ranks as its topology needs;
     its config. Raises RuntimeError with the job's output tail when it fails."""
     overrides = [f"run_name={name}", f"runs_dir={runs}", *overrides]
-    config = pipeline_config(overrides)
+    config = compose_config(overrides)
     cmd = mpirun_command(config.topology.world_size, [str(ROOT / "jobs/train.py"), *overrides])
     out = subprocess.run(cmd, capture_output=True, text=True, env=rank_env(), timeout=timeout)
     if out.returncode != 0:
@@ -200,7 +191,7 @@ def run(args) -> dict:
         runs = Path(tmp)
         preset = [] if args.moba_preset == "none" else [f"experiment={args.moba_preset}"]
         moba_overrides = [*preset, f"pipeline.max_versions={args.moba_versions}", *offset]
-        moba_config = pipeline_config(["run_name=moba", f"runs_dir={runs}", *moba_overrides])
+        moba_config = compose_config(["run_name=moba", f"runs_dir={runs}", *moba_overrides])
         serial = serial_config(moba_config)
         out: dict = {"async_actions": bool(args.async_actions), "moba_preset": args.moba_preset,
                      "moba_ranks": moba_config.topology.world_size, "work": equal_work(moba_config, serial)}

@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from hpc_rl import metric_names as M
-from hpc_rl.bench.e2e import launch_job, pipeline_config
+from hpc_rl.bench.e2e import launch_job
+from hpc_rl.config import compose_config
 from hpc_rl.launch import set_torch_threads
 
 PARTS = ("devices", "model", "scaling", "inference")
@@ -175,7 +176,7 @@ def model(args, runs: Path) -> dict:
     from hpc_rl.runner import SerialRunner
 
     device = torch.device(args.gpu_device)
-    base = pipeline_config([f"runs_dir={runs}", "run_name=model"])  # the default job's PPO and model settings
+    base = compose_config([f"runs_dir={runs}", "run_name=model"])  # the default job's PPO and model settings
     config = TrainConfig(runs_dir=str(runs), run_name="model-batch",
                          env=EnvConfig(num_envs=args.model_batch, vs_scripted_fraction=0.0),
                          model=base.model, ppo=base.ppo, pipeline=PipelineConfig(segment_len=64))
@@ -218,7 +219,7 @@ def inference(args, runs: Path) -> dict:
     from hpc_rl.model.device import to_device
     from hpc_rl.model.policy import Policy, act, hero_indices
 
-    base = pipeline_config([f"runs_dir={runs}", "run_name=inference"])
+    base = compose_config([f"runs_dir={runs}", "run_name=inference"])
     variants = [("cpu", True)] + [(args.gpu_device, pin) for pin in (True, False)]
     rows = []
     for copies in args.inference_copies:
