@@ -2,11 +2,12 @@
 
     python -m hpc_rl.failures <srun's exit status> <the attempt's start, Unix seconds> [the job's Hydra overrides...]
 
-The batch shell outlives its ranks: when srun ends non-zero and no TERM reached the shell (a ``scancel``, Slurm's
-preemption or time limit, or a requeue already under way: never requeued here), train.sbatch runs this. It judges how
-the attempt ended (``attempt_cause``): a rank's death or hang named by the controller (``status.json`` state
-``aborted``), or a failure the controller could not name (it was killed itself, or a rank raised and aborted the
-job), is a failure; a run that ended by a decision (finished, preempted, cancelled, halted on non-finite losses, a
+The batch shell outlives its ranks: when srun ends and no TERM reached the shell (a ``scancel``, Slurm's preemption
+or time limit, or a requeue already under way: never requeued here), train.sbatch runs this, whatever srun's exit
+status (0 too: Slurm 22.05's srun exits 0 when its step failed to launch). It judges how the attempt ended
+(``attempt_cause``): a rank's death or hang named by the controller (``status.json`` state ``aborted``), a failure
+the controller could not name (it was killed itself, or a rank raised and aborted the job), or an attempt whose
+controller never ended the run (its ranks never ran), is a failure; a run that ended by a decision (finished, preempted, cancelled, halted on non-finite losses, a
 refused requeue) or that was refused at its start (a bad config, the run locked by another job, a checkpoint that
 does not fit: ``EXIT_BAD_CONFIG``, ``EXIT_REFUSED``) is not, since the same job would end the same way again.
 A failure is appended to ``status.json``'s ``failures`` with its cause, and the job is requeued (``scontrol
@@ -15,7 +16,7 @@ most ``pipeline.max_failure_requeues``; past it the state is ``failed`` with a m
 job ends non-zero.
 
 Its exit status is 1 when the attempt failed, 0 when it did not: what the job ends with where srun's own status was
-lost (train.sbatch's watchdog ended an srun that outlived its step).
+0 or lost (train.sbatch's watchdog ended an srun that outlived its step).
 
 The count is the run's, kept in its directory across jobs, not Slurm's ``SLURM_RESTART_COUNT``: that one counts the
 requeues of one job id, preemptions included, and starts again at 0 for a job submitted anew.
@@ -48,17 +49,21 @@ DECIDED = ("finished", "preempted", "cancelled", "time_limit", "requeue_failed",
 
 def attempt_cause(exit_status: int, status: dict[str, Any], started: float, srun_report: str | None) -> str | None:
     """Why the attempt that started at ``started`` (Unix seconds) and whose srun ended with ``exit_status`` failed,
-    or None where it did not fail. ``status``: the run's ``status.json`` now ({} without one); only what this
+    or None where it did not fail: where the run ended by a decision of its controller written in this attempt, not
+    by srun's status alone, which is 0 for a step whose tasks never launched. ``status``: the run's ``status.json`` now ({} without one); only what this
     attempt wrote into it (its ``time`` not before ``started``) says how this attempt ended. ``srun_report``: the
     first failed task srun reported (``first_failed_task``): srun may end the job before the controller names the
     rank (a rank that dies inside a PMIx exchange, or the controller itself)."""
-    if exit_status in (0, EXIT_BAD_CONFIG, EXIT_REFUSED):
+    if exit_status in (EXIT_BAD_CONFIG, EXIT_REFUSED):
         return None
     written_now = status.get("time", float("-inf")) >= started
     if written_now and status.get("state") in DECIDED:
         return None
     if written_now and status.get("state") == "aborted":
         return status["reason"]
+    if exit_status == 0:  # Slurm 22.05's srun exits 0 when its step's tasks failed to launch
+        return ("srun exited with status 0 but the run's controller ended nothing in this attempt: its ranks never "
+                "ran (a step that failed to launch; the job's output and slurmd's log say why)")
     unnamed = f"srun exited with status {exit_status} before the controller named a rank"
     if srun_report is None:
         return f"{unnamed} (a rank raised and aborted the job, or its output was not found: the job's output says)"
@@ -144,7 +149,8 @@ def after_srun(exit_status: int, started: float, overrides: list[str]) -> bool:
     job = slurm_job_id()
     cause = attempt_cause(exit_status, status, started, _srun_report(job, layout))
     if cause is None:
-        print(f"hpc_rl: not requeued: the run ended {status.get('state', 'without a status')}", flush=True)
+        if exit_status:  # srun's status alone would have called it a failure
+            print(f"hpc_rl: not requeued: the run ended {status.get('state', 'without a status')}", flush=True)
         return False
     committed = max(committed_versions(layout.checkpoints), default=-1)
     failures = [*status.get("failures", []),

@@ -16,11 +16,11 @@ ROLES = {"0": "controller", "1": "env[0]", "2": "inference[0]", "3": "learner[0]
 
 
 @pytest.mark.parametrize("exit_status, status", [
-    (0, {}),
     (EXIT_BAD_CONFIG, {}),
     (EXIT_REFUSED, {}),  # the run locked by another job: its status.json is not this job's to judge
-    *[(1, {"state": state, "time": STARTED + 5}) for state in ("halted_nonfinite", "requeue_failed", "finished",
-                                                               "cancelled", "preempted", "time_limit")],
+    *[(exit_status, {"state": state, "time": STARTED + 5})
+      for state in ("halted_nonfinite", "requeue_failed", "finished", "cancelled", "preempted", "time_limit")
+      for exit_status in (0, 1)],
 ])
 def test_a_job_that_ended_by_a_decision_or_was_refused_did_not_fail(exit_status, status):
     assert attempt_cause(exit_status, status, STARTED, "rank 1 (env[0]): Killed") is None
@@ -36,6 +36,16 @@ def test_the_cause_is_the_controllers_else_srun_s_first_report():
             "named a rank)")
     assert attempt_cause(1, {}, STARTED, None).startswith(
         "srun exited with status 1 before the controller named a rank (a rank raised")
+
+
+def test_an_attempt_whose_controller_ended_nothing_failed_whatever_srun_s_status():
+    """Slurm 22.05's srun exits 0 when its step's tasks failed to launch: status 0 is a success only where this
+    attempt's controller ended the run."""
+    for status in ({}, {"state": "finished", "time": STARTED - 60}, {"state": "running", "time": STARTED + 5}):
+        assert attempt_cause(0, status, STARTED, None).startswith(
+            "srun exited with status 0 but the run's controller ended nothing in this attempt: its ranks never ran")
+    aborted = {"state": "aborted", "reason": "rank 1 (env[0]) died: its process ended", "time": STARTED + 5}
+    assert attempt_cause(0, aborted, STARTED, None) == aborted["reason"]
 
 
 def test_srun_s_first_failed_task_in_the_last_attempt_is_named_with_its_role():
@@ -112,3 +122,9 @@ def test_after_srun_records_the_failure_and_outside_slurm_does_not_requeue(tmp_p
     write_status(tmp_path / "r", "finished", 12, committed=12)
     assert not after_srun(137, started, overrides)
     assert "not requeued: the run ended finished" in capsys.readouterr().out
+    assert not after_srun(0, started, overrides) and capsys.readouterr().out == ""  # a plain finish says nothing
+    # srun's 0 for an attempt after it, whose controller wrote nothing: a failure (outside Slurm: not requeued).
+    assert after_srun(0, time.time() + 1, overrides)
+    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert status["state"] == "failed" and status["failures"][-1]["cause"].startswith(
+        "srun exited with status 0 but the run's controller ended nothing in this attempt")

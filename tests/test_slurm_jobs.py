@@ -7,6 +7,7 @@ A plain ``scancel --signal=USR2`` would signal the job steps directly and skip t
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,8 @@ import pytest
 from hpc_rl.launch import rank_env
 from hpc_rl.slurm import job_states, wait_for_jobs
 from hpc_rl.storage import open_run, read_metrics
+
+from requeue import start_requeued_now
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -113,17 +116,13 @@ def _start_long_run(tmp_path: Path, *sbatch_args: str) -> tuple[str, Path]:
 
 
 def _release_requeued(job: str, *updates: str, restarts: int = 1) -> None:
-    """Once Slurm has requeued ``job`` (for the ``restarts``-th time), make it eligible at once (with ``updates`` to
-    its record): Slurm holds a requeued batch job for about two minutes (its BeginTime), a wait that is the
-    scheduler's, not the run's."""
+    """Once Slurm has requeued ``job`` (for the ``restarts``-th time), start it at once (with ``updates`` to its
+    record; tests/requeue.py)."""
     deadline = time.monotonic() + 240
     while int((fields := _job_fields(job))["Restarts"]) < restarts or fields["JobState"] != "PENDING":
         assert time.monotonic() < deadline, f"the job was never requeued: {fields}"
         time.sleep(1)
-    # slurmd refuses to start a job whose credential dates from the second its previous start's was revoked in
-    # ("Killing non-startable batch job: Job credential revoked"): Slurm's own hold is what normally prevents it.
-    time.sleep(2)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now", *updates], check=True, timeout=30)
+    start_requeued_now(job, *updates)
 
 
 def _requeued_resumes_and_continues(job: str, run_dir: Path, tmp_path: Path, signalled_at: int) -> None:
@@ -322,7 +321,7 @@ def test_a_killed_rank_requeues_the_job_which_resumes_until_the_runs_failure_lim
         assert wait_for_jobs([job], timeout=300) == {job: "COMPLETED"}, out.read_text()[-3000:]
         finished = open_run(run_dir)
         versions = list(finished.metrics["train/policy_loss"]["version"])
-        assert versions == list(range(1, 41)), versions  # continuous: nothing lost, nothing twice
+        assert versions == list(range(1, 41)), (versions, out.read_text()[-3000:])  # nothing lost or twice
         assert finished.meta["resumed_from"] == finished.status["failures"][1]["committed"] >= 2
         assert finished.status["state"] == "finished" and len(finished.status["failures"]) == 2
         text = out.read_text()
@@ -351,6 +350,43 @@ def _multirun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "jobs/train.py"), "-m", "hydra/launcher=local_slurm",
                            f"hydra.sweep.dir={tmp_path}/sweep", f"runs_dir={tmp_path}/sweep", "run_name=${hydra:job.num}",
                            *overrides], capture_output=True, text=True, cwd=ROOT, env=rank_env(), timeout=900)
+
+
+def test_a_step_that_failed_to_launch_is_a_failure_and_the_requeued_job_resumes(slurm_cluster, tmp_path):
+    """Slurm 22.05's srun exits 0 when its step's tasks fail to launch, as when the step's PMIx socket path is still
+    taken (by the previous start's slurmstepd of the same step id, when a requeued job starts at once). Such a job
+    must not complete as if its run had: its attempt is a failure, recorded and requeued, and the job resumes."""
+    run, topology = "unlaunched", ["--ntasks=4", "topology.env=1", "topology.learner=1"]
+    common = ["slurm/train.sbatch", f"run_name={run}", f"runs_dir={tmp_path}", *QUICK, *topology[1:],
+              "pipeline.final_eval_games=0"]
+    first = _sbatch([f"--output={tmp_path}/first.out", topology[0], *common, "pipeline.max_versions=4"])
+    assert wait_for_jobs([first], timeout=300) == {first: "COMPLETED"}, (tmp_path / "first.out").read_text()
+    out = tmp_path / "again.out"
+    job = _sbatch(["--hold", f"--output={out}", topology[0], *common, "pipeline.max_versions=8",
+                   "pipeline.max_failure_requeues=1"])
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True, timeout=30)
+    taken = Path(re.search(r"^SlurmdSpoolDir\s*=\s*(\S+)", config.stdout, re.M).group(1)) / f"stepd.slurm.pmix.{job}.0"
+    taken.touch()
+    try:
+        subprocess.run(["scontrol", "release", job], check=True, timeout=30)
+        deadline = time.monotonic() + 240
+        while not json.loads((tmp_path / run / "status.json").read_text()).get("failures"):
+            assert time.monotonic() < deadline, f"no failure recorded: {job_states(job)}\n{out.read_text()}"
+            time.sleep(0.5)
+        taken.unlink(missing_ok=True)
+        _release_requeued(job)
+        assert wait_for_jobs([job], timeout=300) == {job: "COMPLETED"}, out.read_text()[-3000:]
+    finally:
+        taken.unlink(missing_ok=True)
+        subprocess.run(["scancel", job], timeout=30)
+    log = out.read_text()
+    assert "hpc_rl: srun exited with 0" in log and "launch failed" in log, log[-3000:]
+    finished = open_run(tmp_path / run)
+    (failure,) = finished.status["failures"]
+    assert failure["cause"].startswith("srun exited with status 0 but the run's controller ended nothing in this "
+                                       "attempt") and failure["requeued"] and failure["committed"] == 4, failure
+    assert finished.status["state"] == "finished" and finished.meta["resumed_from"] == 4
+    assert list(finished.metrics["train/policy_loss"]["version"]) == list(range(1, 9))
 
 
 def test_bad_sweep_member_fails_before_submission(slurm_cluster, tmp_path):

@@ -15,6 +15,7 @@ from hpc_rl.slurm import job_states, wait_for_jobs
 from hpc_rl.storage import open_run, read_metrics
 
 from multihost import MH_CONF, ROOT, hosts  # noqa: F401 (a fixture)
+from requeue import start_requeued_now
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slurm, pytest.mark.slow]
 
@@ -54,13 +55,10 @@ def test_training_across_hosts_is_preempted_and_resumes_with_each_role_on_its_ho
             assert time.monotonic() < deadline, f"no version 2: {job_states(job)}\n{out.read_text()}"
             time.sleep(0.5)
         subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True, timeout=30)
-        # Slurm holds a requeued batch job for a while (its BeginTime): release it once it is pending again (but not
-        # within the second its previous start's credential was revoked in, which slurmd would refuse).
         while (fields := _fields(job))["Restarts"] != "1" or fields["JobState"] != "PENDING":
             assert time.monotonic() < deadline, f"the job was never requeued: {fields}\n{out.read_text()}"
             time.sleep(0.5)
-        time.sleep(2)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
+        start_requeued_now(job)
         try:
             states = wait_for_jobs([job], timeout=240)
         except TimeoutError as err:  # the job's own output says where it stood
