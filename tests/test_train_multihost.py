@@ -19,7 +19,9 @@ from requeue import start_requeued_now
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slurm, pytest.mark.slow]
 
-VERSIONS = 12
+# Enough versions that the USR2 sent at version 2 lands mid-run: slurmctld takes seconds to deliver it on a loaded
+# machine, and a cartpole version takes a tenth of one (12 versions ended before it once).
+VERSIONS = 100
 TOPOLOGY = ["topology.env=1", "topology.inference=1", "topology.learner=1"]
 QUICK = ["experiment=cartpole", "env.num_envs=4", "pipeline.checkpoint_every=2", "pipeline.heartbeat_timeout_s=120",
          "pipeline.final_eval_games=0"]
