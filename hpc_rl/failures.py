@@ -7,9 +7,10 @@ or time limit, or a requeue already under way: never requeued here), train.sbatc
 status (0 too: Slurm 22.05's srun exits 0 when its step failed to launch). It judges how the attempt ended
 (``attempt_cause``): a rank's death or hang named by the controller (``status.json`` state ``aborted``), a failure
 the controller could not name (it was killed itself, or a rank raised and aborted the job), or an attempt whose
-controller never ended the run (its ranks never ran), is a failure; a run that ended by a decision (finished, preempted, cancelled, halted on non-finite losses, a
-refused requeue) or that was refused at its start (a bad config, the run locked by another job, a checkpoint that
-does not fit: ``EXIT_BAD_CONFIG``, ``EXIT_REFUSED``) is not, since the same job would end the same way again.
+controller never ended the run (its ranks never ran), is a failure; a run that ended by a decision (finished,
+preempted, cancelled, halted on non-finite losses, a refused requeue) or that was refused at its start (a bad
+config, the run locked by another job, a checkpoint that does not fit: ``EXIT_BAD_CONFIG``, ``EXIT_REFUSED``) is
+not, since the same job would end the same way again.
 A failure is appended to ``status.json``'s ``failures`` with its cause, and the job is requeued (``scontrol
 requeue``; it resumes from the last committed checkpoint, as after a preemption) while the run's failures are at
 most ``pipeline.max_failure_requeues``; past it the state is ``failed`` with a message naming the failures, and the
@@ -50,10 +51,10 @@ DECIDED = ("finished", "preempted", "cancelled", "time_limit", "requeue_failed",
 def attempt_cause(exit_status: int, status: dict[str, Any], started: float, srun_report: str | None) -> str | None:
     """Why the attempt that started at ``started`` (Unix seconds) and whose srun ended with ``exit_status`` failed,
     or None where it did not fail: where the run ended by a decision of its controller written in this attempt, not
-    by srun's status alone, which is 0 for a step whose tasks never launched. ``status``: the run's ``status.json`` now ({} without one); only what this
-    attempt wrote into it (its ``time`` not before ``started``) says how this attempt ended. ``srun_report``: the
-    first failed task srun reported (``first_failed_task``): srun may end the job before the controller names the
-    rank (a rank that dies inside a PMIx exchange, or the controller itself)."""
+    by srun's status alone, which is 0 for a step whose tasks never launched. ``status``: the run's ``status.json``
+    now ({} without one); only what this attempt wrote into it (its ``time`` not before ``started``) says how this
+    attempt ended. ``srun_report``: the first failed task srun reported (``first_failed_task``): srun may end the
+    job before the controller names the rank (a rank that dies inside a PMIx exchange, or the controller itself)."""
     if exit_status in (EXIT_BAD_CONFIG, EXIT_REFUSED):
         return None
     written_now = status.get("time", float("-inf")) >= started

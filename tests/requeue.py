@@ -1,4 +1,5 @@
-"""Starting a requeued Slurm job at once in the tests (tests/test_slurm_jobs.py, tests/test_train_multihost.py)."""
+"""Slurm jobs as the tests see them (tests/test_slurm_jobs.py, tests/test_train_multihost.py): their records, and
+starting a requeued one at once."""
 
 from __future__ import annotations
 
@@ -9,25 +10,25 @@ import time
 import psutil
 
 
-def stepds_of(job: str) -> list[str]:
-    """The titles of the slurmstepd processes still on this machine of ``job`` (an id ``scontrol`` takes: "42",
-    an array task "41_1"; all the components of a heterogeneous job): "slurmstepd: [42.0]", "[42.batch]", ... The
-    nodes of the local clusters are all on this machine."""
+def show_job(job: str) -> list[dict[str, str]]:
+    """``scontrol show job``'s record of ``job`` (an id scontrol takes: "42", an array task "41_1"), one dict per
+    line: a heterogeneous job has one per component, its leader first."""
     for attempt in range(3):
-        shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30)
-        if shown.returncode == 0:
-            break
+        out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0:
+            return [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in out.stdout.splitlines()]
         # On a loaded machine slurmctld, short of CPU, may not answer within its MessageTimeout: ask again.
-        assert "Socket timed out" in shown.stderr and attempt < 2, shown.stderr
+        assert "Socket timed out" in out.stderr and attempt < 2, out.stderr
         time.sleep(1)
-    ids = "|".join(re.findall(r"\bJobId=(\d+)", shown.stdout))
-    title = re.compile(rf"slurmstepd: \[({ids})[.+]")
-    titles = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or [""]
-        if title.match(cmdline[0]):
-            titles.append(cmdline[0])
-    return titles
+    raise AssertionError("unreachable")
+
+
+def stepds(job_ids: list[str]) -> list[str]:
+    """The titles of the slurmstepd processes of these job ids still on this machine ("slurmstepd: [42.0]",
+    "[42.batch]", ...): the nodes of the local clusters are all on this machine."""
+    title = re.compile(rf"slurmstepd: \[({'|'.join(map(re.escape, job_ids))})[.+]")
+    return [cmdline[0] for proc in psutil.process_iter(["cmdline"])
+            if (cmdline := proc.info["cmdline"] or [""]) and title.match(cmdline[0])]
 
 
 def start_requeued_now(job: str, *updates: str, timeout: float = 120) -> None:
@@ -37,8 +38,9 @@ def start_requeued_now(job: str, *updates: str, timeout: float = 120) -> None:
     start's slurmstepd of the same step id lives fails to launch (its PMIx socket is still bound), and slurmd
     refuses to start a job whose credential dates from the second its previous start's was revoked in ("Killing
     non-startable batch job: Job credential revoked")."""
+    job_ids = [record["JobId"] for record in show_job(job)]  # every component of a heterogeneous job
     deadline = time.monotonic() + timeout
-    while left := stepds_of(job):
+    while left := stepds(job_ids):
         assert time.monotonic() < deadline, f"the previous start of job {job} never ended: {left}"
         time.sleep(0.5)
     time.sleep(2)

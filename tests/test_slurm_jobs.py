@@ -23,7 +23,7 @@ from hpc_rl.launch import rank_env
 from hpc_rl.slurm import job_states, wait_for_jobs
 from hpc_rl.storage import open_run, read_metrics
 
-from requeue import start_requeued_now
+from requeue import show_job, start_requeued_now
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -94,16 +94,6 @@ def test_preempted_sweep_member_requeues_resumes_and_finishes(slurm_cluster, tmp
         subprocess.run(["rm", "-rf", str(runs)], timeout=30)
 
 
-def _job_fields(job: str) -> dict[str, str]:
-    for attempt in range(3):
-        out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30)
-        if out.returncode == 0:
-            return dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
-        # On a loaded machine slurmctld, short of CPU, may not answer within its MessageTimeout: ask again.
-        assert "Socket timed out" in out.stderr and attempt < 2, out.stderr
-        time.sleep(1)
-
-
 def _start_long_run(tmp_path: Path, *sbatch_args: str) -> tuple[str, Path]:
     """A train.sbatch job that would run for long, once it has published version 4."""
     job = _sbatch([f"--output={tmp_path}/%j.out", *sbatch_args, "slurm/train.sbatch", "run_name=long",
@@ -119,7 +109,7 @@ def _release_requeued(job: str, *updates: str, restarts: int = 1) -> None:
     """Once Slurm has requeued ``job`` (for the ``restarts``-th time), start it at once (with ``updates`` to its
     record; tests/requeue.py)."""
     deadline = time.monotonic() + 240
-    while int((fields := _job_fields(job))["Restarts"]) < restarts or fields["JobState"] != "PENDING":
+    while int((fields := show_job(job)[0])["Restarts"]) < restarts or fields["JobState"] != "PENDING":
         assert time.monotonic() < deadline, f"the job was never requeued: {fields}"
         time.sleep(1)
     start_requeued_now(job, *updates)
@@ -131,7 +121,7 @@ def _requeued_resumes_and_continues(job: str, run_dir: Path, tmp_path: Path, sig
     exactly once."""
     deadline = time.monotonic() + 300
     while True:
-        fields = _job_fields(job)
+        fields = show_job(job)[0]
         meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
         resumed_from = meta.get("resumed_from", -1)
         if fields["Restarts"] == "1" and resumed_from >= signalled_at and _version(run_dir) >= resumed_from + 3:
@@ -178,7 +168,7 @@ def test_the_time_limit_signal_requeues_a_training_job_that_resumes(slurm_cluste
     job's limit is raised, so it is not signalled again while the test watches it."""
     job, run_dir = _start_long_run(tmp_path, "--time=30", f"--signal=B:USR2@{WARNING_S}")
     try:
-        elapsed = _seconds(_job_fields(job)["RunTime"])
+        elapsed = _seconds(show_job(job)[0]["RunTime"])
         subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={(elapsed + WARNING_S) // 60}"],
                        check=True, timeout=30)
         _release_requeued(job, "TimeLimit=30")
@@ -199,7 +189,7 @@ def test_scancel_stops_the_run_and_the_job_stays_cancelled(slurm_cluster, tmp_pa
         # remains to see is slurmctld acting on a request it already took, a matter of seconds.
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            fields = _job_fields(job)
+            fields = show_job(job)[0]
             assert (fields["JobState"], fields["Restarts"]) == ("CANCELLED", "0"), fields
             time.sleep(1)
         out = (tmp_path / f"{job}.out").read_text()
@@ -272,7 +262,7 @@ def test_a_refused_requeue_ends_the_job_with_the_reason_not_an_abort(slurm_clust
         assert "MPI_ABORT" not in out, out
         status = json.loads((run_dir / "status.json").read_text())
         assert status["state"] == "requeue_failed" and open_run(run_dir).checkpoint_versions[-1] == status["version"]
-        assert _job_fields(job)["Restarts"] == "0"
+        assert show_job(job)[0]["Restarts"] == "0"
     finally:
         subprocess.run(["scancel", job], timeout=30)
 
@@ -334,7 +324,7 @@ def test_a_killed_rank_requeues_the_job_which_resumes_until_the_runs_failure_lim
                        "pipeline.max_failure_requeues=2"])
         _kill_rank_mid_run(job, again, run_dir, 1, attempt=4)
         assert wait_for_jobs([job], timeout=120) == {job: "FAILED"}
-        assert _job_fields(job)["Restarts"] == "0"  # not requeued
+        assert show_job(job)[0]["Restarts"] == "0"  # not requeued
         status = json.loads((run_dir / "status.json").read_text())
         assert status["state"] == "failed" and [f["requeued"] for f in status["failures"]] == [True, True, False]
         assert "Run failing has failed 3 times, more than the 2 requeues pipeline.max_failure_requeues allows: " \

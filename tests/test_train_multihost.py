@@ -15,7 +15,7 @@ from hpc_rl.slurm import job_states, wait_for_jobs
 from hpc_rl.storage import open_run, read_metrics
 
 from multihost import MH_CONF, ROOT, hosts  # noqa: F401 (a fixture)
-from requeue import start_requeued_now
+from requeue import show_job, start_requeued_now
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slurm, pytest.mark.slow]
 
@@ -35,13 +35,6 @@ def _version(run_dir) -> int:
     return int(series["version"][-1]) if series is not None and len(series) else 0
 
 
-def _fields(job: str) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    first = out.stdout.splitlines()[0]  # a heterogeneous job shows one line per component; the first is its leader
-    return dict(f.split("=", 1) for f in first.split() if "=" in f)
-
-
 def test_training_across_hosts_is_preempted_and_resumes_with_each_role_on_its_host(hosts, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(MH_CONF))  # sbatch, scancel, scontrol and hpc_rl.slurm ask this cluster
     run_dir, out = hosts.workdir / "runs" / "het", hosts.workdir / "train.out"
@@ -57,7 +50,7 @@ def test_training_across_hosts_is_preempted_and_resumes_with_each_role_on_its_ho
             assert time.monotonic() < deadline, f"no version 2: {job_states(job)}\n{out.read_text()}"
             time.sleep(0.5)
         subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True, timeout=30)
-        while (fields := _fields(job))["Restarts"] != "1" or fields["JobState"] != "PENDING":
+        while (fields := show_job(job)[0])["Restarts"] != "1" or fields["JobState"] != "PENDING":
             assert time.monotonic() < deadline, f"the job was never requeued: {fields}\n{out.read_text()}"
             time.sleep(0.5)
         start_requeued_now(job)
