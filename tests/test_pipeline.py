@@ -203,6 +203,19 @@ def test_a_run_time_limit_counts_every_sitting_of_the_run(tmp_path):
     assert run_seconds["value"][-1] == summary["run_seconds"]
 
 
+def test_a_resumed_sitting_of_one_version_names_where_its_ranks_ran(tmp_path):
+    # summary.json's devices come from the ranks' heartbeats. A sitting of one version can end within a heartbeat
+    # period of an inference rank's first beat (sent without counters while it waited for parameters), so the
+    # inference rank beats once more, unthrottled, when its last env rank stops.
+    for versions in (2, 3):
+        job = Job(_train_cmd("mpirun", tmp_path, "short", [f"pipeline.max_versions={versions}",
+                                                            "pipeline.final_eval_games=0"]), tmp_path)
+        assert job.wait(300) == 0, job.output
+        summary = json.loads((tmp_path / "short" / "summary.json").read_text())
+        assert summary["state"] == "finished" and summary["version"] == versions, summary
+        assert summary["devices"] == {"inference": ["cpu"], "learner": ["cpu", "cpu"]}, summary["devices"]
+
+
 def _cartpole(runs: Path, name: str, max_versions: int) -> Job:
     """The CartPole learning check (conf/experiment/cartpole.yaml: 400 versions, the learning rate decaying to 0
     over them), stopped after ``max_versions``."""

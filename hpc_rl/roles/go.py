@@ -204,7 +204,8 @@ class GoInferenceWorker:
             self.exchange.send_reply(e, self.replies.pack(self.reply, self.reply_buffer))
         self.link.beat({"version": self.version, "mean_batch": self.leaves / max(self.batches, 1), "passes": 1.0,
                         "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
-                        "seconds": time.monotonic() - self.started, "device": str(self.device), **self.gate_stats})
+                        "seconds": time.monotonic() - self.started, "device": str(self.device), **self.gate_stats},
+                       force=not self.live)  # the last counts (and the device) reach the summary
 
     def gate(self) -> None:
         """AlphaGo Zero's gating, a step at a time: start a match when a newer candidate is published, else play one

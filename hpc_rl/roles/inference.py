@@ -260,7 +260,8 @@ class InferenceWorker:
                         "mean_batch": self.batch_agents / max(self.batches, 1),
                         "passes": self.passes / max(self.batches, 1),
                         "infer_ms": 1e3 * self.infer_seconds / max(self.batches, 1),
-                        "seconds": time.monotonic() - self.started, "device": str(self.device)})
+                        "seconds": time.monotonic() - self.started, "device": str(self.device)},
+                       force=not self.live)  # the last counts and the device reach the summary, however short the run
 
     def _step(self, env_ranks: list[int], messages: dict[int, dict[str, np.ndarray]]) -> None:
         """One policy step for every agent of ``env_ranks`` in one batch."""
