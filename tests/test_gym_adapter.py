@@ -4,6 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from hpc_rl.envs.api import StepInfo
 from hpc_rl.envs.gym_adapter import GymVecEnv
 
 pytestmark = pytest.mark.light  # runs in the base install tier (scripts/light_tier_check.sh)
@@ -14,6 +15,7 @@ def test_spec_and_observation_layout():
     spec = env.spec
     assert (spec.num_agents, spec.global_features, spec.num_actions, spec.num_moves) == (1, 4, 2, 1)
     assert spec.entities == () and spec.reward_events == ("reward",) and spec.num_targets == 0
+    assert spec.step_infos == (StepInfo("truncated", (), "bool"),)  # travels to the learner (hpc_rl.algo.gae)
     obs = env.reset(seed=7)
     spec.check_obs(obs, 3)
     assert obs["action_mask"].all()
@@ -35,7 +37,7 @@ def test_steps_match_gymnasium_and_reset_in_the_same_call():
             np.testing.assert_array_equal(obs["global"][0, 0], ref_obs)
             assert not dones.any()
     # The 5-step limit truncates both copies; the returned observation is the first of the next episode.
-    assert dones.all() and infos["truncated"].all()
+    assert dones.all() and infos["truncated"].shape == (2, 1) and infos["truncated"].all()
     assert infos["episode_return"].tolist() == [5.0, 5.0] and infos["episode_length"].tolist() == [5, 5]
     assert (infos["winner"] == -1).all()
     assert np.abs(obs["global"][:, 0]).max() <= 0.05  # CartPole starts within ±0.05

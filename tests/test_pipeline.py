@@ -217,7 +217,7 @@ def test_a_resumed_sitting_of_one_version_names_where_its_ranks_ran(tmp_path):
 
 
 def _cartpole(runs: Path, name: str, max_versions: int) -> Job:
-    """The CartPole learning check (conf/experiment/cartpole.yaml: 400 versions, the learning rate decaying to 0
+    """The CartPole learning check (conf/experiment/cartpole.yaml: 500 versions, the learning rate decaying to 0
     over them), stopped after ``max_versions``."""
     return Job(mpirun_command(6, [str(ROOT / "jobs/train.py"), "experiment=cartpole", f"run_name={name}",
                                   f"runs_dir={runs}", f"pipeline.max_versions={max_versions}"]), runs)
@@ -234,33 +234,33 @@ def _greedy_returns(run_dir: Path) -> tuple[np.ndarray, int]:
 def cartpole_run(tmp_path_factory) -> Path:
     """One uninterrupted CartPole run, shared by the learning test and the resume test (it takes about a minute)."""
     runs = tmp_path_factory.mktemp("cartpole")
-    job = _cartpole(runs, "cartpole", 400)
+    job = _cartpole(runs, "cartpole", 500)
     assert job.wait(600) == 0, job.output
     return runs / "cartpole"
 
 
 def test_distributed_job_learns_cartpole(cartpole_run):
     returns, version = _greedy_returns(cartpole_run)
-    assert version == 400
+    assert version == 500
     assert returns.mean() >= 475, f"greedy evaluation returns {returns}"
     metrics = open_run(cartpole_run).metrics
     assert np.all(metrics["data/reuse"]["value"] <= 1.1)
 
 
 def test_a_run_stopped_half_way_and_resumed_matches_an_uninterrupted_one(cartpole_run, tmp_path):
-    first = _cartpole(tmp_path, "resumed", 200)
+    first = _cartpole(tmp_path, "resumed", 250)
     assert first.wait(600) == 0, first.output
-    second = _cartpole(tmp_path, "resumed", 400)  # the same run name: resumes from `latest`
+    second = _cartpole(tmp_path, "resumed", 500)  # the same run name: resumes from `latest`
     assert second.wait(600) == 0, second.output
     resumed = open_run(tmp_path / "resumed")
-    assert "from version 200" in second.output and resumed.meta["resumed_from"] == 200, second.output
+    assert "from version 250" in second.output and resumed.meta["resumed_from"] == 250, second.output
 
     full = open_run(cartpole_run)
     series = {}
     for run in (full, resumed):
         metrics = run.metrics
         series[run.path] = metrics["train/policy_loss"]["version"].tolist()
-        assert series[run.path] == list(range(1, 401)), run.path  # every version exactly once
+        assert series[run.path] == list(range(1, 501)), run.path  # every version exactly once
         for name, rows in metrics.items():  # no series repeats or goes back at the resume point
             assert np.all(np.diff(rows["version"]) > 0), (run.path, name)
     assert len(series[full.path]) == len(series[resumed.path])
@@ -272,11 +272,11 @@ def test_a_run_stopped_half_way_and_resumed_matches_an_uninterrupted_one(cartpol
 
     events = EventAccumulator(str(resumed.path / "tensorboard"), size_guidance={SCALARS: 0})
     events.Reload()
-    assert [e.step for e in events.Scalars("train/policy_loss")] == list(range(1, 401))
+    assert [e.step for e in events.Scalars("train/policy_loss")] == list(range(1, 501))
 
     full_returns, _ = _greedy_returns(full.path)
     resumed_returns, version = _greedy_returns(resumed.path)
-    assert version == 400
+    assert version == 500
     print(f"greedy returns over 20 episodes: uninterrupted {full_returns.mean():.1f}, "
           f"resumed {resumed_returns.mean():.1f}")
     assert abs(resumed_returns.mean() - full_returns.mean()) <= 0.1 * full_returns.mean(), (

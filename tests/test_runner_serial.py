@@ -140,6 +140,29 @@ def test_two_lockstep_learners_stay_identical_and_share_statistics(tmp_path):
         np.testing.assert_allclose(learner.normalizers["global"].stats.mean, whole.mean, rtol=1e-6)
 
 
+def test_a_time_limit_travels_to_the_learner_which_bootstraps_it(tmp_path):
+    """Gymnasium's time limit reaches the batch as info/truncated, on the steps it ended, and only those; the update
+    bootstraps them (ppo.time_limit_bootstrap, the default) and treats them as terminal states without it."""
+    runner = SerialRunner(cartpole_config(tmp_path), env=GymVecEnv("CartPole-v1", 4, max_episode_steps=10))
+    batch = runner.collect()
+    truncated = batch["info/truncated"]
+    assert truncated.dtype == torch.bool and truncated.shape == batch.done.shape
+    assert truncated.sum() >= 4 and bool(batch.done[truncated].all())  # 64 steps of 10-step games: at least 6 limits
+
+    def updated(ppo: PPOConfig, batch: Batch) -> list[torch.Tensor]:
+        torch.manual_seed(5)
+        learner = Learner(Policy(runner.spec, MODEL), ppo, seed=1)
+        learner.update(batch)
+        return [p.detach().clone() for p in learner.policy.parameters()]
+
+    terminal = dataclasses.replace(PPO, time_limit_bootstrap=False)
+    bootstrapped, as_terminal = updated(PPO, batch), updated(terminal, batch)
+    assert any(not torch.equal(a, b) for a, b in zip(bootstrapped, as_terminal))
+    unlimited = batch.replace(**{"info/truncated": torch.zeros_like(truncated)})
+    for a, b in zip(updated(PPO, unlimited), as_terminal):  # no limit flagged: the same update as without the option
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_config_errors(tmp_path):
     with pytest.raises(ValueError, match="multiple"):
         cartpole_config(tmp_path, segment_len=40)

@@ -19,6 +19,7 @@ from hpc_rl.algo.reduce import Reduce, identity_reduce
 from hpc_rl.model.policy import Policy
 from hpc_rl.model.tree import to_numpy_tree, to_torch_tree
 from hpc_rl.data.batch import Batch
+from hpc_rl.envs.api import TRUNCATED
 from hpc_rl.envs.teacher import TEACHER_HEADS, teacher_info
 
 
@@ -52,8 +53,9 @@ class Learner:
     def update(self, batch: Batch) -> dict[str, float]:
         cfg = self.config
         started = time.perf_counter()
+        truncated = batch.fields.get(f"info/{TRUNCATED}") if cfg.time_limit_bootstrap else None
         advantages, returns = gae(batch.reward, batch.value, batch.done.float(), batch.bootstrap_value,
-                                  cfg.gamma(self.version), cfg.lam)
+                                  cfg.gamma(self.version), cfg.lam, truncated)
         if cfg.normalize_advantages:
             advantages = normalize_advantages(advantages, batch.weight, self.allreduce_sum)
         if self.value_normalizer is not None:

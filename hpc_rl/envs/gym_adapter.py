@@ -6,8 +6,9 @@ action goes to the ``action`` head, ``num_moves`` is 1, and the reward is the si
 episode ends (terminated or truncated) is reset in the same call, as the API requires.
 
 ``infos`` carries, per copy, ``winner`` (always −1: there is no opponent), ``episode_return`` and
-``episode_length`` of the episode that just ended (meaningful where ``dones``), and ``truncated`` (the episode hit
-its time limit rather than a terminal state).
+``episode_length`` of the episode that just ended (meaningful where ``dones``), and ``truncated`` (E, 1): the episode
+hit its time limit rather than a terminal state. The spec declares it a step info, so it travels with the experience
+and the learner bootstraps the return past the limit (``hpc_rl.algo.gae``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from hpc_rl.envs.api import Actions, EnvSpec, Obs
+from hpc_rl.envs.api import TRUNCATED, Actions, EnvSpec, Obs, StepInfo
 
 
 class GymVecEnv:
@@ -31,7 +32,8 @@ class GymVecEnv:
         if not isinstance(actions, gym.spaces.Discrete):
             raise TypeError(f"{env_id}: action space {actions} is not Discrete")
         self.spec = EnvSpec(num_agents=1, agent_team=(0,), global_features=int(space.shape[0]),
-                            num_actions=int(actions.n), reward_events=("reward",))
+                            num_actions=int(actions.n), reward_events=("reward",),
+                            step_infos=(StepInfo(TRUNCATED, (), "bool"),))
         self._obs = np.zeros((num_envs, space.shape[0]), dtype=np.float32)
         self._returns = np.zeros(num_envs)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
@@ -67,7 +69,7 @@ class GymVecEnv:
             "winner": np.full(self.num_envs, -1, dtype=np.int64),
             "episode_return": np.zeros(self.num_envs),
             "episode_length": np.zeros(self.num_envs, dtype=np.int64),
-            "truncated": np.zeros(self.num_envs, dtype=bool),
+            TRUNCATED: np.zeros((self.num_envs, 1), dtype=bool),
         }
         for i, env in enumerate(self.envs):
             obs, reward, terminated, truncated, _ = env.step(int(action[i, 0]))
@@ -78,7 +80,7 @@ class GymVecEnv:
                 dones[i] = True
                 infos["episode_return"][i] = self._returns[i]
                 infos["episode_length"][i] = self._lengths[i]
-                infos["truncated"][i] = truncated and not terminated
+                infos[TRUNCATED][i] = truncated and not terminated
                 self._returns[i] = 0.0
                 self._lengths[i] = 0
                 obs, _ = env.reset()
