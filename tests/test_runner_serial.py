@@ -142,7 +142,7 @@ def test_two_lockstep_learners_stay_identical_and_share_statistics(tmp_path):
 
 def test_a_time_limit_travels_to_the_learner_which_bootstraps_it(tmp_path):
     """Gymnasium's time limit reaches the batch as info/truncated, on the steps it ended, and only those; the update
-    bootstraps them (ppo.time_limit_bootstrap, the default) and treats them as terminal states without it."""
+    bootstraps them with ppo.time_limit_bootstrap and treats them as terminal states without it (the default)."""
     runner = SerialRunner(cartpole_config(tmp_path), env=GymVecEnv("CartPole-v1", 4, max_episode_steps=10))
     batch = runner.collect()
     truncated = batch["info/truncated"]
@@ -155,11 +155,11 @@ def test_a_time_limit_travels_to_the_learner_which_bootstraps_it(tmp_path):
         learner.update(batch)
         return [p.detach().clone() for p in learner.policy.parameters()]
 
-    terminal = dataclasses.replace(PPO, time_limit_bootstrap=False)
-    bootstrapped, as_terminal = updated(PPO, batch), updated(terminal, batch)
+    bootstrapping = dataclasses.replace(PPO, time_limit_bootstrap=True)
+    bootstrapped, as_terminal = updated(bootstrapping, batch), updated(PPO, batch)
     assert any(not torch.equal(a, b) for a, b in zip(bootstrapped, as_terminal))
     unlimited = batch.replace(**{"info/truncated": torch.zeros_like(truncated)})
-    for a, b in zip(updated(PPO, unlimited), as_terminal):  # no limit flagged: the same update as without the option
+    for a, b in zip(updated(bootstrapping, unlimited), as_terminal):  # no limit flagged: the update without the option
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 

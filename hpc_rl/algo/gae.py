@@ -13,7 +13,7 @@ flows back across it). The value of the observation after the last step, ``V(s_T
 rather than taken as 0. The observation after the limit is not kept (the copy was reset in the same step), so its
 value is approximated by the last one's, V(s_t), as the massively parallel PPO of rl_games and rsl_rl do. Without
 it, a policy that keeps the game alive to the limit is told that the limit's approach is a failure it cannot see
-(the observation holds no clock), and CartPole's solved policies drift off 500.
+(the observation holds no clock), and a solved CartPole policy can drift off 500.
 """
 
 from __future__ import annotations
