@@ -32,7 +32,7 @@ observation returned for it is the first of its next game. An environment may de
 step in ``spec.step_infos`` (``infos[name]`` of shape (E, A, *shape)): they travel with the experience to the learner
 as the batch field ``info/<name>`` (``hpc_rl.data.batch``). One of them, ``truncated`` (E, A) bool, marks the steps
 where a time limit rather than a terminal state ended the game (its ``dones``): the learner bootstraps the return past
-them (``hpc_rl.algo.gae``).
+them where ``ppo.time_limit_bootstrap`` asks (``hpc_rl.algo.gae``).
 
 Episodes end per copy (``dones``) unless ``spec.agent_episodes``: then an agent's episode ends on its own, at the step
 where ``infos["agent_done"]`` (E, A) bool is True (a persistent world: an agent dies, its world goes on), and the
@@ -58,7 +58,7 @@ Actions = dict[str, np.ndarray]
 AgentId = int
 TeamId = int
 AGENT_DONE = "agent_done"  # the step info that ends one agent's episode where ``spec.agent_episodes``
-TRUNCATED = "truncated"  # the step info that marks a game ended by a time limit, whose return GAE bootstraps
+TRUNCATED = "truncated"  # the step info that marks a game ended by a time limit (ppo.time_limit_bootstrap)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ episode ends (terminated or truncated) is reset in the same call, as the API req
 ``infos`` carries, per copy, ``winner`` (always −1: there is no opponent), ``episode_return`` and
 ``episode_length`` of the episode that just ended (meaningful where ``dones``), and ``truncated`` (E, 1): the episode
 hit its time limit rather than a terminal state. The spec declares it a step info, so it travels with the experience
-and the learner bootstraps the return past the limit (``hpc_rl.algo.gae``).
+to the learner, which bootstraps the return past the limit where ``ppo.time_limit_bootstrap`` asks.
 """
 
 from __future__ import annotations
