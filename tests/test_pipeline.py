@@ -216,11 +216,18 @@ def test_a_resumed_sitting_of_one_version_names_where_its_ranks_ran(tmp_path):
         assert summary["devices"] == {"inference": ["cpu"], "learner": ["cpu", "cpu"]}, summary["devices"]
 
 
+CARTPOLE_VERSIONS = 60
+
+
 def _cartpole(runs: Path, name: str, max_versions: int) -> Job:
-    """The CartPole learning check (conf/experiment/cartpole.yaml: 500 versions, the learning rate decaying to 0
-    over them), stopped after ``max_versions``."""
-    return Job(mpirun_command(6, [str(ROOT / "jobs/train.py"), "experiment=cartpole", f"run_name={name}",
-                                  f"runs_dir={runs}", f"pipeline.max_versions={max_versions}"]), runs)
+    """The CartPole learning check: the learning defaults, what `env=cartpole` trains with (docs/LEARNING.md), on 6
+    ranks for 60 versions of 2,048 env steps, the learning rate decaying linearly to 0 over them (so that the resume
+    test has a schedule to continue), stopped after ``max_versions``. (The `cartpole` preset's earlier regime, one
+    epoch of small minibatches over 400-500 versions, twice ended short of a greedy 475 in the suite: 391 and 285,
+    the latter's sampled policy playing 490.)"""
+    return Job(mpirun_command(6, [str(ROOT / "jobs/train.py"), "env=cartpole", f"run_name={name}", f"runs_dir={runs}",
+                                  "ppo.lr.kind=linear", "ppo.lr.end=0", f"ppo.lr.versions={CARTPOLE_VERSIONS}",
+                                  f"pipeline.max_versions={max_versions}"]), runs)
 
 
 def _greedy_returns(run_dir: Path) -> tuple[np.ndarray, int]:
@@ -232,35 +239,37 @@ def _greedy_returns(run_dir: Path) -> tuple[np.ndarray, int]:
 
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory) -> Path:
-    """One uninterrupted CartPole run, shared by the learning test and the resume test (it takes about a minute)."""
+    """One uninterrupted CartPole run, shared by the learning test and the resume test (it takes about 30 s)."""
     runs = tmp_path_factory.mktemp("cartpole")
-    job = _cartpole(runs, "cartpole", 500)
+    job = _cartpole(runs, "cartpole", CARTPOLE_VERSIONS)
     assert job.wait(600) == 0, job.output
     return runs / "cartpole"
 
 
 def test_distributed_job_learns_cartpole(cartpole_run):
     returns, version = _greedy_returns(cartpole_run)
-    assert version == 500
+    assert version == CARTPOLE_VERSIONS
     assert returns.mean() >= 475, f"greedy evaluation returns {returns}"
-    metrics = open_run(cartpole_run).metrics
-    assert np.all(metrics["data/reuse"]["value"] <= 1.1)
+    run = open_run(cartpole_run)
+    # The reuse target follows the epochs: every sample feeds one update, none is trained on twice.
+    assert np.all(run.metrics["data/reuse"]["value"] <= 1.1 * run.config["ppo"]["epochs"])
 
 
 def test_a_run_stopped_half_way_and_resumed_matches_an_uninterrupted_one(cartpole_run, tmp_path):
-    first = _cartpole(tmp_path, "resumed", 250)
+    first = _cartpole(tmp_path, "resumed", CARTPOLE_VERSIONS // 2)
     assert first.wait(600) == 0, first.output
-    second = _cartpole(tmp_path, "resumed", 500)  # the same run name: resumes from `latest`
+    second = _cartpole(tmp_path, "resumed", CARTPOLE_VERSIONS)  # the same run name: resumes from `latest`
     assert second.wait(600) == 0, second.output
     resumed = open_run(tmp_path / "resumed")
-    assert "from version 250" in second.output and resumed.meta["resumed_from"] == 250, second.output
+    half = CARTPOLE_VERSIONS // 2
+    assert f"from version {half}" in second.output and resumed.meta["resumed_from"] == half, second.output
 
     full = open_run(cartpole_run)
     series = {}
     for run in (full, resumed):
         metrics = run.metrics
         series[run.path] = metrics["train/policy_loss"]["version"].tolist()
-        assert series[run.path] == list(range(1, 501)), run.path  # every version exactly once
+        assert series[run.path] == list(range(1, CARTPOLE_VERSIONS + 1)), run.path  # every version exactly once
         for name, rows in metrics.items():  # no series repeats or goes back at the resume point
             assert np.all(np.diff(rows["version"]) > 0), (run.path, name)
     assert len(series[full.path]) == len(series[resumed.path])
@@ -272,11 +281,11 @@ def test_a_run_stopped_half_way_and_resumed_matches_an_uninterrupted_one(cartpol
 
     events = EventAccumulator(str(resumed.path / "tensorboard"), size_guidance={SCALARS: 0})
     events.Reload()
-    assert [e.step for e in events.Scalars("train/policy_loss")] == list(range(1, 501))
+    assert [e.step for e in events.Scalars("train/policy_loss")] == list(range(1, CARTPOLE_VERSIONS + 1))
 
     full_returns, _ = _greedy_returns(full.path)
     resumed_returns, version = _greedy_returns(resumed.path)
-    assert version == 500
+    assert version == CARTPOLE_VERSIONS
     print(f"greedy returns over 20 episodes: uninterrupted {full_returns.mean():.1f}, "
           f"resumed {resumed_returns.mean():.1f}")
     assert abs(resumed_returns.mean() - full_returns.mean()) <= 0.1 * full_returns.mean(), (

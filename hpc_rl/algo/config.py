@@ -26,7 +26,7 @@ class PPOConfig:
     # Bootstrap a game that a time limit ended (the env's step info ``truncated``: Gymnasium's TimeLimit) with its
     # last state's value rather than take it as a terminal state (hpc_rl.algo.gae; Pardo et al. 2018). Off by
     # default: on held-out seeds it cost MountainCar two of five solves, whose exploration the terminal reading of
-    # its 200-step limit helps (docs/LEARNING.md); the CartPole preset turns it on.
+    # its 200-step limit helps (docs/LEARNING.md).
     time_limit_bootstrap: bool = False
     clip_eps: float = 0.2  # PPO ratio clip ε
     dual_clip: float | None = 3.0  # Honor of Kings' lower bound c for negative advantages; None: plain PPO

@@ -12,7 +12,7 @@ job on CartPole.
   the two differ, naming the fields, and the JSON carries both (``work.pipeline``, ``work.serial``) beside
   ``moba_vs_serial_learner_samples``, the ratio of their learner samples per second.
 - CartPole-v1 through the distributed job (``--cartpole-preset``, default ``cartpole_fast``: 32 copies per env rank
-  and the action offset; ``cartpole`` is the learning test's preset with 8), trained with seed ``REPORT_SEEDS[0]``
+  and the action offset; ``cartpole`` is the preset it builds on, with 8), trained with seed ``REPORT_SEEDS[0]``
   (no seed a learning default was tuned on): its throughput, reuse, staleness, and whether greedy evaluation
   reached 475. Nothing is set beside it: the CartPole benchmark compares learning (time to 475) with
   Stable-Baselines3 under one protocol.
@@ -49,9 +49,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--moba-versions", type=int, default=30)
     parser.add_argument("--moba-preset", default="moba_kickstart",
                         help="conf/experiment preset of the MOBA job (default: make train's); none: the default job")
-    parser.add_argument("--cartpole-versions", type=int, default=None,
-                        help="versions of the CartPole job, its learning rate decaying to 0 over them (default: the "
-                             "preset's own, 400 for cartpole_fast)")
+    parser.add_argument("--cartpole-versions", type=int, default=400)
     parser.add_argument("--async-actions", action="store_true",
                         help="pipeline.async_actions=true in both jobs and the serial runner")
     parser.add_argument("--cartpole-preset", default="cartpole_fast", help="conf/experiment preset of the CartPole job")
@@ -184,7 +182,7 @@ def _run_serial(config: TrainConfig) -> dict:
 
 
 def run(args) -> dict:
-    if args.moba_versions < 1 or (args.cartpole_versions is not None and args.cartpole_versions < 1):
+    if args.moba_versions < 1 or args.cartpole_versions < 1:
         raise ValueError("--moba-versions and --cartpole-versions must be >= 1")
     set_torch_threads()
     offset = [f"pipeline.async_actions={str(bool(args.async_actions)).lower()}"]
@@ -204,10 +202,9 @@ def run(args) -> dict:
         out["moba_vs_serial_learner_samples"] = moba["learner_samples_per_s"] / out["serial_learner_samples_per_s"]
 
         # The preset's own async_actions holds unless --async-actions asks for the offset.
-        versions = [] if args.cartpole_versions is None else [f"pipeline.max_versions={args.cartpole_versions}",
-                                                              f"ppo.lr.versions={args.cartpole_versions}"]
         cartpole = _run_job(runs, "cartpole", [f"experiment={args.cartpole_preset}", f"seed={CARTPOLE_SEED}",
-                                                *(offset if args.async_actions else []), *versions, *no_eval],
+                                                *(offset if args.async_actions else []),
+                                                f"pipeline.max_versions={args.cartpole_versions}", *no_eval],
                             timeout=3600)
         from hpc_rl.evaluation import evaluate_return, load_policy
 
