@@ -14,7 +14,8 @@ APPROX_KL = "train/approx_kl"
 CLIP_FRACTION = "train/clip_fraction"
 GRAD_CLIPPED_FRACTION = "train/grad_clipped_fraction"  # parameters OpenAI Five's per-parameter clip clipped
 KICKSTART_LOSS = "train/kickstart_loss"  # −log π(teacher's action): 0 where kickstarting is off
-LOSS = "train/loss"  # Go (hpc_rl.algo.alphazero): (z - v)^2 - pi . log p, the value and policy parts above
+LOSS = "train/loss"  # Go (hpc_rl.algo.alphazero): (z - v)^2 - pi . log p + w_o ownership, its parts
+OWNERSHIP_LOSS = "train/ownership_loss"  # Go: the ownership head's loss (unweighted) over games played out
 # ... and figures of the whole update
 LR = "train/lr"
 ENTROPY_COEF = "train/entropy_coef"

@@ -136,6 +136,48 @@ def test_scoring_is_area_with_komi():
     assert draw.returns().tolist() == [[0.0, 0.0]]
 
 
+def slow_area_owners(board: np.ndarray) -> np.ndarray:
+    """Tromp-Taylor ownership point by point: a stone's colour, or for an empty point the colours its empty region
+    reaches (a breadth-first walk from that point alone); +1 black, -1 white, 0 both or neither."""
+    size = len(board)
+    owners = np.zeros((size, size), np.int8)
+    for r in range(size):
+        for c in range(size):
+            if board[r, c] != EMPTY:
+                owners[r, c] = 1 if board[r, c] == BLACK else -1
+                continue
+            seen, frontier, reach = {(r, c)}, [(r, c)], set()
+            while frontier:
+                y, x = frontier.pop()
+                for ny, nx in ((y - 1, x), (y + 1, x), (y, x - 1), (y, x + 1)):
+                    if 0 <= ny < size and 0 <= nx < size:
+                        if board[ny, nx] == EMPTY and (ny, nx) not in seen:
+                            seen.add((ny, nx))
+                            frontier.append((ny, nx))
+                        elif board[ny, nx] != EMPTY:
+                            reach.add(int(board[ny, nx]))
+            owners[r, c] = 1 if reach == {BLACK} else (-1 if reach == {WHITE} else 0)
+    return owners.reshape(-1)
+
+
+@pytest.mark.parametrize("size", [5, 9])
+def test_area_owners_match_a_slow_reference_and_sum_to_the_score(size):
+    """KataGo's ownership target (``GoGames.area_owners``) on the boards of random games at every stage: the slow
+    reference's owner for every point, and black's area minus white's is the score before komi."""
+    games = GoGames(40, size, komi=7.5)
+    rng = np.random.default_rng(size)
+    checked = 0
+    for _ in range(size * size * 2):
+        owners, boards, scores = games.area_owners(), games.boards(), games.scores()
+        for g in range(games.num_games):
+            assert np.array_equal(owners[g], slow_area_owners(boards[g]))
+        assert np.array_equal(owners.sum(1).astype(np.float32) - np.float32(7.5), scores)
+        checked += games.num_games
+        legal = games.legal_mask()
+        games.step([rng.choice(np.flatnonzero(m)) if m.any() else games.pass_action for m in legal])
+    assert checked > 0 and {-1, 0, 1} <= set(np.unique(owners))
+
+
 def test_superko_ends_the_game_as_a_draw_as_in_openspiel():
     games = GoGames(1, 5)
     play(games, SUPERKO_GAME[:-1])

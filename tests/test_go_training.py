@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from hpc_rl import metric_names as M
@@ -37,7 +38,8 @@ def test_replay_buffer_keeps_the_newest_positions_in_order_and_samples_them_unif
 
     def add(first: int, n: int) -> None:  # positions labelled by their version
         buffer.add(np.zeros((n, NUM_PLANES, 5, 5), np.float32), np.full((n, 26), 1 / 26, np.float32),
-                   np.zeros(n, np.float32), np.arange(first, first + n), first % 2)
+                   np.zeros(n, np.float32), np.arange(first, first + n), first % 2,
+                   ownership=np.ones((n, 25), np.int8), scored=first % 2 == 0)
 
     add(0, 3)
     assert list(buffer.version[buffer.order()]) == [0, 1, 2]
@@ -49,6 +51,7 @@ def test_replay_buffer_keeps_the_newest_positions_in_order_and_samples_them_unif
     counts = np.bincount(drawn - 9, minlength=5)
     assert set(drawn) == {9, 10, 11, 12, 13} and np.all(np.abs(counts / 20_000 - 0.2) < 0.015)
     assert list(buffer.winner[buffer.order()]) == [1] * 5 and buffer.black_win_share() == 0.0
+    assert not buffer.scored[buffer.order()].any() and (buffer.ownership[buffer.order()] == 1).all()
 
 
 def test_replay_buffer_file_restores_the_positions_of_versions_up_to_the_resumed_one(tmp_path):
@@ -59,7 +62,8 @@ def test_replay_buffer_file_restores_the_positions_of_versions_up_to_the_resumed
     buffer = ReplayBuffer(8, 5, NUM_PLANES)
     for game, version in enumerate((1, 3, 5, 7)):  # three positions a game, the versions that played them
         buffer.add(rng.integers(0, 2, (3, NUM_PLANES, 5, 5)).astype(np.float32), rng.random((3, 26), np.float32),
-                   np.array([1.0, -1.0, 1.0], np.float32), np.full(3, version), game % 2)
+                   np.array([1.0, -1.0, 1.0], np.float32), np.full(3, version), game % 2,
+                   ownership=rng.integers(-1, 2, (3, 25)).astype(np.int8), scored=game != 2)
     path = tmp_path / "replay_buffer" / "learner0.h5"
     write_replay_buffer(path, buffer.state(), version=8)
     arrays, attrs = read_replay_buffer(path)
@@ -67,10 +71,11 @@ def test_replay_buffer_file_restores_the_positions_of_versions_up_to_the_resumed
     for name, held in buffer.state().items():
         assert np.array_equal(arrays[name], held), name
     again = ReplayBuffer(8, 5, NUM_PLANES)
-    assert again.restore(arrays, 8) == 8 and np.array_equal(again.state()["pi"], buffer.state()["pi"])
+    assert again.restore(arrays, 8) == 8
+    assert all(np.array_equal(again.state()[k], v) for k, v in buffer.state().items())
     assert list(again.version[again.order()]) == [3, 3, 5, 5, 5, 7, 7, 7]
     again.add(np.zeros((1, NUM_PLANES, 5, 5), np.float32), np.zeros((1, 26), np.float32), np.zeros(1, np.float32),
-              np.array([9]), 0)  # the oldest makes way, as before the resume
+              np.array([9]), 0, ownership=np.zeros((1, 25), np.int8), scored=True)  # the oldest makes way
     assert list(again.version[again.order()]) == [3, 5, 5, 5, 7, 7, 7, 9]
     earlier = ReplayBuffer(8, 5, NUM_PLANES)
     assert earlier.restore(arrays, 5) == 5 and list(earlier.version[earlier.order()]) == [3, 3, 5, 5, 5]
@@ -78,6 +83,8 @@ def test_replay_buffer_file_restores_the_positions_of_versions_up_to_the_resumed
     assert smaller.restore(arrays, 8) == 4 and list(smaller.version[smaller.order()]) == [5, 7, 7, 7]
     with pytest.raises(ValueError, match="rows of shape"):
         ReplayBuffer(8, 9, NUM_PLANES).restore(arrays, 8)
+    with pytest.raises(ValueError, match="'ownership': rows of shape missing"):  # a buffer of an older format
+        ReplayBuffer(8, 5, NUM_PLANES).restore({k: v for k, v in arrays.items() if k != "ownership"}, 8)
     with pytest.raises(ValueError, match="holds positions"):
         again.restore(arrays, 8)
     data = bytearray(path.read_bytes())
@@ -112,20 +119,29 @@ def test_even_win_sampling_matches_a_slow_reference(winners):
     assert np.all(np.abs(freq - expected) < 4 * np.sqrt(expected * (1 - expected) / draws) + 1e-12)
 
 
+def fixed_batch(n: int = 32, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    planes = (rng.random((n, NUM_PLANES, 5, 5)) < 0.3).astype(np.float32)
+    pi = rng.dirichlet(np.ones(26), n).astype(np.float32)
+    z = rng.choice([-1.0, 1.0], n).astype(np.float32)
+    ownership = rng.integers(-1, 2, (n, 25)).astype(np.int8)
+    return planes, pi, z, ownership, np.ones(n, bool)
+
+
 def test_alphazero_update_lowers_the_loss_on_a_fixed_batch_and_its_checkpoint_restores_it():
     set_torch_threads()
-    rng = np.random.default_rng(0)
-    planes = (rng.random((32, NUM_PLANES, 5, 5)) < 0.3).astype(np.float32)
-    pi = rng.dirichlet(np.ones(26), 32).astype(np.float32)
-    z = rng.choice([-1.0, 1.0], 32).astype(np.float32)
+    planes, pi, z, ownership, scored = fixed_batch()
     config = AlphaZeroConfig(replay_positions=64, min_positions=1, batch_size=32, lr=0.05, lr_drops=(20,))
     learner = AlphaZeroLearner(GoNet(GoNetConfig(blocks=1, filters=8), 5), config)
-    metrics = [learner.update(planes, pi, z) for _ in range(30)]
-    # The policy part cannot fall below pi's entropy: the loss above that floor must.
-    floor = float(-(pi * np.log(pi)).sum(1).mean())
+    metrics = [learner.update(planes, pi, z, ownership, scored) for _ in range(30)]
+    # The policy part cannot fall below pi's entropy, nor the ownership part below that of the targets' owner
+    # distributions (a neutral point's 1/2 and 1/2: log 2): the loss above those floors must fall.
+    floor = float(-(pi * np.log(pi)).sum(1).mean()) + config.ownership_weight * float((ownership == 0).mean()) * np.log(2)
     losses = [m[M.LOSS] - floor for m in metrics]
     assert losses[-1] < 0.5 * losses[0], losses
-    assert np.isclose(metrics[0][M.LOSS], metrics[0][M.VALUE_LOSS] + metrics[0][M.POLICY_LOSS], atol=1e-5)
+    assert metrics[-1][M.OWNERSHIP_LOSS] < metrics[0][M.OWNERSHIP_LOSS]
+    assert np.isclose(metrics[0][M.LOSS], metrics[0][M.VALUE_LOSS] + metrics[0][M.POLICY_LOSS]
+                      + config.ownership_weight * metrics[0][M.OWNERSHIP_LOSS], atol=1e-5)
     assert [m[M.LR] for m in metrics[19:21]] == [0.05, pytest.approx(0.005)] and learner.version == 30
     restored = AlphaZeroLearner(GoNet(GoNetConfig(blocks=1, filters=8), 5), config)
     restored.load_checkpoint_sections(learner.checkpoint_sections())
@@ -133,6 +149,27 @@ def test_alphazero_update_lowers_the_loss_on_a_fixed_batch_and_its_checkpoint_re
     a, b = learner.net.state_dict(), restored.net.state_dict()
     assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
     assert restored.optimizer.state_dict()["state"].keys() == learner.optimizer.state_dict()["state"].keys()
+
+
+def test_ownership_trains_only_on_games_played_out():
+    """Positions of resigned games (``scored`` False) carry no ownership target: an update on them alone is the
+    update without the ownership loss (weight 0), parameter for parameter; on scored ones it is not."""
+    set_torch_threads()
+    planes, pi, z, ownership, scored = fixed_batch(seed=1)
+
+    def params_after(weight: float, scored: np.ndarray) -> list[np.ndarray]:
+        torch.manual_seed(0)
+        config = AlphaZeroConfig(replay_positions=64, min_positions=1, batch_size=32, ownership_weight=weight)
+        learner = AlphaZeroLearner(GoNet(GoNetConfig(blocks=1, filters=8), 5), config)
+        metrics = learner.update(planes, pi, z, ownership, scored)
+        return [p.detach().numpy().copy() for p in learner.net.parameters()], metrics
+
+    without, _ = params_after(0.0, scored)
+    resigned, metrics = params_after(1.5, np.zeros_like(scored))
+    played_out, _ = params_after(1.5, scored)
+    assert metrics[M.OWNERSHIP_LOSS] == 0.0
+    assert all(np.array_equal(a, b) for a, b in zip(without, resigned))
+    assert not all(np.array_equal(a, b) for a, b in zip(without, played_out))
 
 
 def test_env_rank_records_games_with_the_search_policy_and_each_players_outcome(tmp_path):
@@ -161,11 +198,20 @@ def test_env_rank_records_games_with_the_search_policy_and_each_players_outcome(
             returns = games.returns()[0]
             assert np.array_equal(record.z, returns[record.to_play].astype(np.float32))
         assert (record.versions >= 0).all()
+        if not record.resigned:  # the final board's owners: KataGo's ownership target
+            assert np.array_equal(record.ownership, games.area_owners()[0])
         again, _, _ = schema.unpack(schema.pack(record, 1, 1))  # the wire keeps every field
-        assert np.array_equal(again.planes, record.planes) and again.winner == record.winner
+        for name in ("planes", "pi", "z", "to_play", "actions", "versions", "ownership"):
+            assert np.array_equal(getattr(again, name), getattr(record, name)), name
+        assert (again.winner, again.resigned, again.moves) == (record.winner, record.resigned, record.moves)
     broken = records[0]
     broken.z = -broken.z if broken.winner >= 0 else broken.z + 1
     with pytest.raises(SegmentError, match="outcomes"):
+        schema.unpack(schema.pack(broken, 1, 1))
+    broken = records[1]
+    broken.ownership = broken.ownership.copy()
+    broken.ownership[3] = 2
+    with pytest.raises(SegmentError, match="ownership"):
         schema.unpack(schema.pack(broken, 1, 1))
     metrics = runner.run()
     assert metrics[M.GO_GAMES] >= 1 and metrics[M.REPLAY_POSITIONS] >= config.alphazero.min_positions

@@ -6,7 +6,8 @@ import torch
 
 from hpc_rl.envs.go import BLACK, EMPTY, NUM_PLANES, WHITE, GoGames, input_planes
 from hpc_rl.model.config import GoNetConfig
-from hpc_rl.model.go_net import GoNet, NetEvaluator, alphazero_loss
+from hpc_rl.envs.go_search import ownership_targets
+from hpc_rl.model.go_net import GoNet, NetEvaluator, alphazero_loss, ownership_loss
 
 
 def test_planes_show_the_board_to_the_player_to_move():
@@ -81,3 +82,32 @@ def test_a_tiny_net_learns_a_few_positions():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_ownership_head_and_loss_match_a_slow_reference():
+    """KataGo's ownership loss: per point -(1+o*)/2 log((1+o)/2) - (1-o*)/2 log((1-o)/2) with o = tanh(y), the mean
+    over the points and over the scored rows; the head's logits per point, beside unchanged policy and value."""
+    torch.manual_seed(0)
+    net = GoNet(GoNetConfig(blocks=1, filters=8), 5).eval()
+    planes = (torch.rand(6, NUM_PLANES, 5, 5) < 0.3).float()
+    logits, value, owner = net.with_ownership(planes)
+    assert owner.shape == (6, 25)
+    plain = net(planes)
+    assert torch.equal(plain[0], logits) and torch.equal(plain[1], value)
+    target = torch.randint(-1, 2, (6, 25)).float()
+    scored = torch.tensor([True, False, True, True, False, True])
+    rows = []
+    for i in range(6):
+        if scored[i]:
+            o = torch.tanh(owner[i].double())
+            t = target[i].double()
+            rows.append((-(1 + t) / 2 * torch.log((1 + o) / 2) - (1 - t) / 2 * torch.log((1 - o) / 2)).mean())
+    assert torch.isclose(ownership_loss(owner, target, scored).double(), torch.stack(rows).mean(), atol=1e-5)
+    assert ownership_loss(owner, target, torch.zeros(6, dtype=torch.bool)) == 0
+
+
+def test_ownership_targets_take_the_player_to_moves_view():
+    final = np.array([1, -1, 0, 1], np.int8)  # black's view
+    targets = ownership_targets(np.array([0, 1, 0]), final)
+    assert targets.dtype == np.int8
+    assert targets.tolist() == [[1, -1, 0, 1], [-1, 1, 0, -1], [1, -1, 0, 1]]

@@ -1,6 +1,7 @@
 """AlphaZero's learner for Go (AlphaGo Zero, ELF OpenGo): a FIFO replay buffer of self-play positions and the update
 ``(z - v)^2 - pi . log p + c ||theta||^2`` on minibatches drawn from it, as a learner rank runs them: uniformly
-(AlphaGo Zero), or black's wins and white's evenly (ELF OpenGo, ``sample_even_wins``).
+(AlphaGo Zero), or black's wins and white's evenly (ELF OpenGo, ``sample_even_wins``). KataGo's ownership target
+adds ``w_o`` times the ownership head's loss over the positions of games played out.
 
 With several learners in lockstep, ``allreduce_sum`` sums a tensor over them: gradients are averaged before the
 optimiser's step and batch norm's running statistics after it, so every learner holds the same network.
@@ -16,7 +17,7 @@ import torch
 from hpc_rl import metric_names as M
 from hpc_rl.algo.config import AlphaZeroConfig
 from hpc_rl.algo.reduce import Reduce, identity_reduce
-from hpc_rl.model.go_net import GoNet, alphazero_loss
+from hpc_rl.model.go_net import GoNet, alphazero_loss, ownership_loss
 from hpc_rl.model.tree import to_numpy_tree, to_torch_tree
 
 
@@ -44,7 +45,9 @@ def sample_even_wins(winners: np.ndarray, n: int, rng: np.random.Generator) -> n
 class ReplayBuffer:
     """The positions of recent games, first in first out: ``capacity`` positions; a new one replaces the oldest.
     ``sample`` draws uniformly over those held (with replacement, as AlphaGo Zero's "sampled uniformly"), or with
-    ``even_wins`` black's wins and white's evenly (``sample_even_wins``)."""
+    ``even_wins`` black's wins and white's evenly (``sample_even_wins``). Each position keeps its ownership target
+    (``hpc_rl.envs.go_search.ownership_targets``) and whether its game was ``scored`` (played out, not resigned:
+    only then is the final board's ownership a target)."""
 
     def __init__(self, capacity: int, board_size: int, num_planes: int):
         self.capacity = capacity
@@ -54,21 +57,24 @@ class ReplayBuffer:
         self.z = np.zeros(capacity, np.float32)
         self.version = np.zeros(capacity, np.int64)  # the network version that played the position
         self.winner = np.zeros(capacity, np.int64)  # its game's winner: 0 black, 1 white, -1 a draw
+        self.ownership = np.zeros((capacity, points), np.int8)  # the final owners, the player to move's view
+        self.scored = np.zeros(capacity, bool)  # its game was played out to a scored end
         self.size = 0
         self.next = 0  # the slot the next position goes to: the oldest once the buffer is full
         self.added = 0  # positions ever added
 
-    def add(self, planes: np.ndarray, pi: np.ndarray, z: np.ndarray, version: np.ndarray, winner: int) -> None:
-        """Append one game's positions in order; ``winner``: the game's (0 black, 1 white, -1 a draw)."""
+    def add(self, planes: np.ndarray, pi: np.ndarray, z: np.ndarray, version: np.ndarray, winner: int, *,
+            ownership: np.ndarray, scored: bool) -> None:
+        """Append one game's positions in order; ``winner``: the game's (0 black, 1 white, -1 a draw);
+        ``ownership`` (T, size^2) its positions' ownership targets; ``scored``: the game was played out."""
         n = len(z)
         if n > self.capacity:  # only the newest fit
-            planes, pi, z, version = planes[-self.capacity:], pi[-self.capacity:], z[-self.capacity:], \
-                version[-self.capacity:]
+            planes, pi, z, version, ownership = (a[-self.capacity:] for a in (planes, pi, z, version, ownership))
             self.added += n - self.capacity
             n = self.capacity
         rows = (self.next + np.arange(n)) % self.capacity
         self.planes[rows], self.pi[rows], self.z[rows], self.version[rows] = planes, pi, z, version
-        self.winner[rows] = winner
+        self.winner[rows], self.ownership[rows], self.scored[rows] = winner, ownership, scored
         self.next = (self.next + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
         self.added += n
@@ -82,7 +88,7 @@ class ReplayBuffer:
         """The positions held, oldest first (what ``restore`` takes back)."""
         rows = self.order()
         return {"planes": self.planes[rows], "pi": self.pi[rows], "z": self.z[rows], "version": self.version[rows],
-                "winner": self.winner[rows]}
+                "winner": self.winner[rows], "ownership": self.ownership[rows], "scored": self.scored[rows]}
 
     def restore(self, state: dict[str, np.ndarray], up_to_version: int) -> int:
         """Fill an empty buffer with ``state``'s positions played by versions up to ``up_to_version`` (a run resumed
@@ -90,7 +96,8 @@ class ReplayBuffer:
         them. Returns how many it holds."""
         if self.size:
             raise ValueError("restoring into a buffer that holds positions")
-        shapes = {"planes": self.planes.shape[1:], "pi": self.pi.shape[1:], "z": (), "version": (), "winner": ()}
+        shapes = {"planes": self.planes.shape[1:], "pi": self.pi.shape[1:], "z": (), "version": (), "winner": (),
+                  "ownership": self.ownership.shape[1:], "scored": ()}
         for name, shape in shapes.items():
             if name not in state or state[name].shape[1:] != shape:
                 got = state[name].shape[1:] if name in state else "missing"
@@ -110,11 +117,12 @@ class ReplayBuffer:
         if self.size == 0:
             raise ValueError("sampling an empty replay buffer")
         rows = sample_even_wins(self.winner[:self.size], n, rng) if even_wins else rng.integers(0, self.size, n)
-        return {"planes": self.planes[rows], "pi": self.pi[rows], "z": self.z[rows], "version": self.version[rows]}
+        return {"planes": self.planes[rows], "pi": self.pi[rows], "z": self.z[rows], "version": self.version[rows],
+                "ownership": self.ownership[rows], "scored": self.scored[rows]}
 
 
 class AlphaZeroLearner:
-    """``update(planes, pi, z) -> metrics``: one gradient step, one network version per call."""
+    """``update(planes, pi, z, ownership, scored) -> metrics``: one gradient step, one network version per call."""
 
     def __init__(self, net: GoNet, config: AlphaZeroConfig, allreduce_sum: Reduce = identity_reduce,
                  world_size: int = 1, device: torch.device | str = "cpu"):
@@ -129,16 +137,20 @@ class AlphaZeroLearner:
             self.optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
         self.version = 0
 
-    def update(self, planes: np.ndarray, pi: np.ndarray, z: np.ndarray) -> dict[str, float]:
+    def update(self, planes: np.ndarray, pi: np.ndarray, z: np.ndarray, ownership: np.ndarray,
+               scored: np.ndarray) -> dict[str, float]:
         started = time.perf_counter()
         lr = self.config.learning_rate(self.version)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.net.train()
-        logits, value = self.net(torch.from_numpy(planes).to(self.device))
+        logits, value, owner_logits = self.net.with_ownership(torch.from_numpy(planes).to(self.device))
         pi_t, z_t = torch.from_numpy(pi).to(self.device), torch.from_numpy(z).to(self.device)
         value_loss = ((z_t - value) ** 2).mean()
-        loss = alphazero_loss(logits, value, pi_t, z_t)
+        owner_loss = ownership_loss(owner_logits, torch.from_numpy(ownership).to(self.device, torch.float32),
+                                    torch.from_numpy(scored).to(self.device))
+        az_loss = alphazero_loss(logits, value, pi_t, z_t)
+        loss = az_loss + self.config.ownership_weight * owner_loss
         self.optimizer.zero_grad(set_to_none=False)
         loss.backward()
         finite = self.allreduce_sum(torch.tensor([0.0 if torch.isfinite(loss) else 1.0])).item() == 0
@@ -150,7 +162,8 @@ class AlphaZeroLearner:
             self._average([b for b in self.net.buffers() if b.is_floating_point()])
         self.version += 1
         return {M.LOSS: float(loss.detach()), M.VALUE_LOSS: float(value_loss.detach()),
-                M.POLICY_LOSS: float((loss - value_loss).detach()), M.LR: lr,
+                M.POLICY_LOSS: float((az_loss - value_loss).detach()), M.OWNERSHIP_LOSS: float(owner_loss.detach()),
+                M.LR: lr,
                 M.NONFINITE_SKIPPED: 0.0 if finite else 1.0, M.UPDATE_SECONDS: time.perf_counter() - started}
 
     def _average(self, tensors: list[torch.Tensor]) -> None:

@@ -82,7 +82,8 @@ class AlphaZeroConfig:
     """The Go learners' hyperparameters (``env.name=go``; hpc_rl.algo.alphazero): AlphaGo Zero's loss
     (z - v)^2 - pi . log p + c ||theta||^2 on minibatches drawn uniformly from a FIFO replay buffer of the positions of
     recent self-play games. ELF OpenGo: SGD with momentum 0.9, c = 1e-4, learning rate 0.01 dropped tenfold twice,
-    a buffer of the latest 500,000 games, black's and white's wins sampled evenly; no gating (AlphaZero, ELF)."""
+    a buffer of the latest 500,000 games, black's and white's wins sampled evenly; no gating (AlphaZero, ELF). KataGo's
+    ownership target adds w_o times the ownership head's loss (``hpc_rl.model.go_net.ownership_loss``)."""
 
     replay_positions: int = 500_000  # each learner's buffer, in positions (ELF keeps games: ~0.5M games of ~200 moves)
     min_positions: int = 10_000  # no update before every learner holds this many
@@ -98,6 +99,8 @@ class AlphaZeroConfig:
     target_reuse: float | None = 8.0
     # Minibatches draw black's wins and white's evenly (ELF OpenGo), not uniformly over the buffer (AlphaGo Zero).
     even_wins: bool = True
+    # The weight of the ownership head's loss (KataGo: 1.5 on the mean over the points); 0: the head is not trained.
+    ownership_weight: float = 1.5
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lr_drops", tuple(int(v) for v in self.lr_drops))  # Hydra gives a list
@@ -116,6 +119,8 @@ class AlphaZeroConfig:
                              f"{self.weight_decay}, {self.lr}, {self.lr_drop_factor}")
         if list(self.lr_drops) != sorted(set(self.lr_drops)) or any(v < 1 for v in self.lr_drops):
             raise ValueError(f"lr_drops must be increasing versions >= 1, got {list(self.lr_drops)}")
+        if not self.ownership_weight >= 0:
+            raise ValueError(f"ownership_weight must be >= 0, got {self.ownership_weight}")
         if self.target_reuse is not None and not self.target_reuse > 0:
             raise ValueError(f"target_reuse must be > 0 or None, got {self.target_reuse}")
 

@@ -272,7 +272,8 @@ def game_fields(board_size: int) -> tuple[Field, ...]:
             Field("to_play", POSITION, (), i64), Field("actions", POSITION, (), i64),
             Field("versions", POSITION, (), i64),
             Field("length", GAME, (), i64), Field("winner", GAME, (), i64), Field("resigned", GAME, (), b),
-            Field("playout", GAME, (), b), Field("would_resign", GAME, (), i64), Field("moves", GAME, (), i64))
+            Field("playout", GAME, (), b), Field("would_resign", GAME, (), i64), Field("moves", GAME, (), i64),
+            Field("ownership", GAME, (board_size * board_size,), np.dtype(np.int8)))
 
 
 @dataclass(frozen=True)
@@ -323,7 +324,8 @@ class GameSchema:
         n = int(arrays["length"][0])
         if not 1 <= n <= self.max_length:
             raise SegmentError(f"game record of length {n}; 1 to {self.max_length} fit")
-        values = {f.name: (np.array(arrays[f.name][:n]) if f.kind == POSITION else arrays[f.name][0].item())
+        values = {f.name: (np.array(arrays[f.name][:n]) if f.kind == POSITION
+                           else np.array(arrays[f.name][0]) if f.shape else arrays[f.name][0].item())
                   for f in self.fields if f.name != "length"}
         record = GameRecord(**values)
         validate_game(record)
@@ -332,11 +334,14 @@ class GameSchema:
 
 def validate_game(record) -> None:
     """Raise SegmentError if a game's record cannot be trained on: non-finite planes or pi, a pi that is not a
-    distribution, an outcome z outside {-1, 0, 1} or not the winner's from the player to move's view."""
+    distribution, an outcome z outside {-1, 0, 1} or not the winner's from the player to move's view, an ownership
+    outside {-1, 0, 1}."""
     if not (np.isfinite(record.planes).all() and np.isfinite(record.pi).all()):
         raise SegmentError("non-finite values in a game's planes or pi")
     if (record.pi < 0).any() or not np.allclose(record.pi.sum(1), 1.0, atol=1e-4):
         raise SegmentError("a position's pi is not a distribution")
+    if not np.isin(record.ownership, (-1, 0, 1)).all():
+        raise SegmentError("a game's ownership holds values other than -1, 0 and 1")
     from hpc_rl.envs.go_search import outcome_targets
 
     if record.winner not in (-1, 0, 1) or not np.array_equal(record.z, outcome_targets(record.to_play,

@@ -220,22 +220,23 @@ def _play(pts, meta, hashes, g, action, size, zob):
 
 
 @njit(cache=True)
-def _black_score(pts, g, size, komi):
-    """Tromp-Taylor: black's stones and empty regions reaching black only, minus white's, minus komi (float32 as
-    OpenSpiel computes it)."""
+def _area_owners(pts, g, size, owner):
+    """Tromp-Taylor area of game ``g`` into ``owner`` (size^2,) int8, row-major as the actions: +1 where black's
+    (its stones and the empty regions reaching black only), -1 where white's, 0 elsewhere (empty regions reaching
+    both colours or neither)."""
     w = size + 2
     offs = _offsets(size)
     seen = np.zeros(w * w, dtype=np.bool_)
     stack = np.empty(size * size, dtype=np.int64)
-    delta = 0
+    region = np.empty(size * size, dtype=np.int64)
     for r in range(size):
         for col in range(size):
             p = (r + 1) * w + col + 1
             colour = pts[g, COLOR, p]
             if colour == BLACK:
-                delta += 1
+                owner[r * size + col] = 1
             elif colour == WHITE:
-                delta -= 1
+                owner[r * size + col] = -1
             elif not seen[p]:
                 seen[p] = True
                 stack[0] = p
@@ -243,6 +244,7 @@ def _black_score(pts, g, size, komi):
                 while top > 0:
                     top -= 1
                     q = stack[top]
+                    region[count] = q
                     count += 1
                     for d in offs:
                         n = q + d
@@ -254,10 +256,19 @@ def _black_score(pts, g, size, komi):
                                 top += 1
                         elif cn != GUARD:
                             reach |= cn
-                if reach == BLACK:
-                    delta += count
-                elif reach == WHITE:
-                    delta -= count
+                mark = 1 if reach == BLACK else (-1 if reach == WHITE else 0)
+                for i in range(count):
+                    owner[(region[i] // w - 1) * size + region[i] % w - 1] = mark
+
+
+@njit(cache=True)
+def _black_score(pts, g, size, komi):
+    """Tromp-Taylor: black's area minus white's (``_area_owners``), minus komi (float32 as OpenSpiel computes it)."""
+    owner = np.empty(size * size, dtype=np.int8)
+    _area_owners(pts, g, size, owner)
+    delta = 0
+    for i in range(size * size):
+        delta += owner[i]
     return np.float32(delta) - np.float32(komi)
 
 
@@ -345,6 +356,12 @@ def _returns_all(pts, meta, size, komi, max_len, out):
             _returns(pts, meta, g, size, komi, out[g])
         else:
             out[g, :] = 0.0
+
+
+@njit(cache=True)
+def _area_owners_all(pts, size, out):
+    for g in range(pts.shape[0]):
+        _area_owners(pts, g, size, out[g])
 
 
 @njit(cache=True)
@@ -451,6 +468,14 @@ class GoGames:
         """(G,) black's Tromp-Taylor area minus white's minus komi, on the boards as they stand."""
         out = np.empty(self.num_games, dtype=np.float32)
         _scores_all(self.pts, self.size, self.komi, out)
+        return out
+
+    def area_owners(self) -> np.ndarray:
+        """(G, size^2) int8: who owns each point under Tromp-Taylor area scoring, on the boards as they stand: +1
+        black, -1 white, 0 neither (``scores()`` is their sum minus komi). At a game's end, KataGo's ownership
+        target."""
+        out = np.empty((self.num_games, self.size * self.size), dtype=np.int8)
+        _area_owners_all(self.pts, self.size, out)
         return out
 
     def boards(self) -> np.ndarray:

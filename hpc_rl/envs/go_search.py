@@ -396,11 +396,21 @@ class GameRecord:
     #                       process): how stale the position is when a learner trains on it
     moves: int  # moves searched in the game (a resignation counts as one): T, or more where fast searches (playout
     #             cap randomisation) recorded nothing; T may then be 0
+    ownership: np.ndarray  # (size^2,) int8: the last board's area owner of every point, black's view (+1 black, -1
+    #                        white, 0 neither; GoGames.area_owners): KataGo's ownership target where the game was
+    #                        played out, the board at the resignation where it was resigned (not a target)
 
 
 def outcome_targets(to_play: np.ndarray, winner: int) -> np.ndarray:
     """z of every position: +1 where the player to move went on to win, -1 where they lost, 0 in a draw."""
     return np.where(winner < 0, 0.0, np.where(to_play == winner, 1.0, -1.0)).astype(np.float32)
+
+
+def ownership_targets(to_play: np.ndarray, ownership: np.ndarray) -> np.ndarray:
+    """(T, size^2) int8: a game's final ``ownership`` (black's view) from the view of each position's player to move,
+    as the network's input planes see the board (+1 the player's, -1 the opponent's)."""
+    sign = np.where(np.asarray(to_play) == 0, 1, -1).astype(np.int8)
+    return sign[:, None] * np.asarray(ownership, np.int8)[None, :]
 
 
 class SelfPlay:
@@ -510,7 +520,9 @@ class SelfPlay:
         black = games.returns()[ended, 0]
         winner[ended] = np.where(black > 0, 0, np.where(black < 0, 1, -1))
         finished = np.sort(np.concatenate([active[resign], ended]))
-        records = [(int(g), self._record(g, int(winner[g]), bool(np.isin(g, active[resign])))) for g in finished]
+        owners = games.area_owners() if finished.size else None
+        records = [(int(g), self._record(g, int(winner[g]), bool(np.isin(g, active[resign])), owners[g]))
+                   for g in finished]
         for g in finished[self.playout[finished]]:  # the player who did not lose: the winner; in a draw, either
             self.survivor_min_values.append(float(self.min_value[g].min() if winner[g] < 0
                                                   else self.min_value[g, winner[g]]))
@@ -531,7 +543,7 @@ class SelfPlay:
             self._start_move()
         return records
 
-    def _record(self, g: int, winner: int, resigned: bool) -> GameRecord:
+    def _record(self, g: int, winner: int, resigned: bool, ownership: np.ndarray) -> GameRecord:
         if self.history[g]:
             planes, pi, to_play, actions, versions = (np.stack(x) for x in zip(*self.history[g]))
         else:  # every move of the game was a fast search
@@ -541,7 +553,7 @@ class SelfPlay:
             to_play, actions, versions = (np.zeros(0, np.int64) for _ in range(3))
         return GameRecord(planes, pi, to_play, actions, outcome_targets(to_play, winner), winner, resigned,
                           bool(self.playout[g]), int(self.would_resign[g]), versions.astype(np.int64),
-                          int(self.game_moves[g]))
+                          int(self.game_moves[g]), ownership)
 
 
 def play_games(evaluate, seeds, board_size: int = 9, komi: float = 7.5, config: PUCTConfig = PUCTConfig(),

@@ -7,7 +7,11 @@ added before the second ReLU), then
   (pass last, as the engine's actions);
 - the value head: a 1x1 convolution to 1 channel, batch norm, ReLU, a hidden linear layer of ``filters`` units (256
   in AlphaGo Zero, where filters are 256), ReLU, a linear layer to one output, tanh: the expected outcome for the
-  player to move.
+  player to move;
+- the ownership head (KataGo, Wu 2019): a 1x1 convolution to 1 channel, per point the logit y of tanh(y), who will
+  own the point at the end of the game from the player to move's view (+1 theirs, -1 the opponent's). It is an
+  auxiliary target: the search never reads it, its loss gives the tower a signal per point where z gives one per
+  game.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ class ResidualBlock(nn.Module):
 
 
 class GoNet(nn.Module):
-    """(B, NUM_PLANES, size, size) planes → (move logits (B, size^2 + 1), value (B,) in [-1, 1])."""
+    """(B, NUM_PLANES, size, size) planes → (move logits (B, size^2 + 1), value (B,) in [-1, 1]);
+    ``with_ownership`` adds the ownership logits (B, size^2)."""
 
     def __init__(self, config: GoNetConfig, board_size: int):
         super().__init__()
@@ -47,9 +52,19 @@ class GoNet(nn.Module):
         self.policy_fc = nn.Linear(2 * points, points + 1)
         self.value_conv = _conv_bn(f, 1, 1)
         self.value_fc = nn.Sequential(nn.Linear(points, f), nn.ReLU(), nn.Linear(f, 1))
+        self.ownership_conv = nn.Conv2d(f, 1, 1)
 
     def forward(self, planes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.tower(F.relu(self.stem(planes)))
+        return self._heads(self._trunk(planes))
+
+    def with_ownership(self, planes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = self._trunk(planes)
+        return *self._heads(x), self.ownership_conv(x).flatten(1)
+
+    def _trunk(self, planes: torch.Tensor) -> torch.Tensor:
+        return self.tower(F.relu(self.stem(planes)))
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.policy_fc(F.relu(self.policy_conv(x)).flatten(1))
         value = torch.tanh(self.value_fc(F.relu(self.value_conv(x)).flatten(1))).squeeze(1)
         return logits, value
@@ -58,6 +73,16 @@ class GoNet(nn.Module):
 def alphazero_loss(logits: torch.Tensor, value: torch.Tensor, pi: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """AlphaGo Zero's loss without its L2 term (the optimiser's weight decay): (z - v)^2 - pi . log p, batch mean."""
     return ((z - value) ** 2).mean() - (pi * F.log_softmax(logits, dim=1)).sum(1).mean()
+
+
+def ownership_loss(ownership_logits: torch.Tensor, target: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """KataGo's ownership loss without its weight: per point the cross-entropy between the target's owner
+    distribution ((1 + o*) / 2 the player to move's, o* in {-1, 0, 1}) and the prediction's ((1 + tanh y) / 2 =
+    sigmoid(2y)), the mean over the points, then over the rows that are ``scored`` (games played out; 0 if none)."""
+    per_point = F.binary_cross_entropy_with_logits(2 * ownership_logits, (1 + target) / 2, reduction="none")
+    per_row = per_point.mean(1)
+    weight = scored.to(per_row.dtype)
+    return (per_row * weight).sum() / weight.sum().clamp(min=1.0)
 
 
 class NetEvaluator:

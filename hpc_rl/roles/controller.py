@@ -403,7 +403,7 @@ class Controller:
             figures.append(("length", f"{m[M.EPISODE_LENGTH]:.1f}"))
         if self.config.env.is_go:
             figures += [("games", f"{m[M.GO_GAMES]:.0f}"), ("policy_loss", f"{m[M.POLICY_LOSS]:.3f}"),
-                        ("value_loss", f"{m[M.VALUE_LOSS]:.3f}")]
+                        ("value_loss", f"{m[M.VALUE_LOSS]:.3f}"), ("ownership_loss", f"{m[M.OWNERSHIP_LOSS]:.3f}")]
         else:
             figures += [("policy_loss", f"{m.get(M.POLICY_LOSS, 0):+.3f}"),
                         ("entropy", f"{m.get(M.ENTROPY, 0):.3f}")]

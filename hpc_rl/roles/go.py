@@ -31,7 +31,7 @@ from hpc_rl.algo.alphazero import AlphaZeroLearner, ReplayBuffer
 from hpc_rl.config import TrainConfig
 from hpc_rl.data.batch import GameSchema, SegmentError
 from hpc_rl.envs.go import NUM_PLANES
-from hpc_rl.envs.go_search import GameRecord, Match, SelfPlay, evaluation_config
+from hpc_rl.envs.go_search import GameRecord, Match, SelfPlay, evaluation_config, ownership_targets
 from hpc_rl.model.device import select_device
 from hpc_rl.model.go_net import GoNet, NetEvaluator
 from hpc_rl.roles.allreduce import Allreduce
@@ -316,7 +316,9 @@ class GoLearnerWorker(LockstepLearner):
                     self.rejected += 1
                     log.warning("game from rank %d seq %d rejected: %s", seg.writer, seg.seq, err)
                     continue
-                self.buffer.add(record.planes, record.pi, record.z, record.versions, record.winner)
+                self.buffer.add(record.planes, record.pi, record.z, record.versions, record.winner,
+                                ownership=ownership_targets(record.to_play, record.ownership),
+                                scored=not record.resigned)
                 self.produced += len(record.z)
                 taken.append((seg.writer, env_rank, seq))
         finally:
@@ -339,7 +341,7 @@ class GoLearnerWorker(LockstepLearner):
         if not may_update(control, 1, self.target_reuse):
             return False
         batch = self.buffer.sample(az.batch_size, self.rng, az.even_wins)
-        metrics = self.learner.update(batch["planes"], batch["pi"], batch["z"])
+        metrics = self.learner.update(batch["planes"], batch["pi"], batch["z"], batch["ownership"], batch["scored"])
         self.consumed += az.batch_size
         version = self.learner.version
         skipped = metrics[M.NONFINITE_SKIPPED] > 0
