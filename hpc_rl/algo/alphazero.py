@@ -49,6 +49,8 @@ class ReplayBuffer:
     (``hpc_rl.envs.go_search.ownership_targets``) and whether its game was ``scored`` (played out, not resigned:
     only then is the final board's ownership a target)."""
 
+    ARRAYS = ("planes", "pi", "z", "version", "winner", "ownership", "scored")  # one row per position
+
     def __init__(self, capacity: int, board_size: int, num_planes: int):
         self.capacity = capacity
         points = board_size * board_size
@@ -87,8 +89,7 @@ class ReplayBuffer:
     def state(self) -> dict[str, np.ndarray]:
         """The positions held, oldest first (what ``restore`` takes back)."""
         rows = self.order()
-        return {"planes": self.planes[rows], "pi": self.pi[rows], "z": self.z[rows], "version": self.version[rows],
-                "winner": self.winner[rows], "ownership": self.ownership[rows], "scored": self.scored[rows]}
+        return self._rows(rows)
 
     def restore(self, state: dict[str, np.ndarray], up_to_version: int) -> int:
         """Fill an empty buffer with ``state``'s positions played by versions up to ``up_to_version`` (a run resumed
@@ -96,8 +97,7 @@ class ReplayBuffer:
         them. Returns how many it holds."""
         if self.size:
             raise ValueError("restoring into a buffer that holds positions")
-        shapes = {"planes": self.planes.shape[1:], "pi": self.pi.shape[1:], "z": (), "version": (), "winner": (),
-                  "ownership": self.ownership.shape[1:], "scored": ()}
+        shapes = {name: getattr(self, name).shape[1:] for name in self.ARRAYS}
         for name, shape in shapes.items():
             if name not in state or state[name].shape[1:] != shape:
                 got = state[name].shape[1:] if name in state else "missing"
@@ -117,8 +117,10 @@ class ReplayBuffer:
         if self.size == 0:
             raise ValueError("sampling an empty replay buffer")
         rows = sample_even_wins(self.winner[:self.size], n, rng) if even_wins else rng.integers(0, self.size, n)
-        return {"planes": self.planes[rows], "pi": self.pi[rows], "z": self.z[rows], "version": self.version[rows],
-                "ownership": self.ownership[rows], "scored": self.scored[rows]}
+        return self._rows(rows)
+
+    def _rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name)[rows] for name in self.ARRAYS}
 
 
 class AlphaZeroLearner:
