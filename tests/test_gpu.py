@@ -1,5 +1,6 @@
 """The GPU path: inference and learners on CUDA agree with the CPU to float32 tolerance, checkpoints move between
-the two, and a job runs its inference and learner ranks on the GPU (learners reducing through host memory).
+the two, and a job runs its inference and learner ranks on the GPU (learners reducing through host memory); the
+same for Go's network (the search's leaf evaluation, the AlphaZero update) and a Go self-play job.
 
 Every test here needs a CUDA device and is skipped (absent gpu) where torch sees none; the CPU side of the same
 code (mixed precision, devices in the config) is tested in tests/test_algo_ppo.py and tests/test_config.py.
@@ -11,20 +12,24 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from hpc_rl.algo.config import PPOConfig
+from hpc_rl.algo.alphazero import AlphaZeroLearner
+from hpc_rl.algo.config import AlphaZeroConfig, PPOConfig
 from hpc_rl.algo.learner import Learner
 from hpc_rl.algo.schedules import constant
 from hpc_rl.config import EnvConfig, PipelineConfig, TrainConfig
+from hpc_rl.envs.go import NUM_PLANES, GoGames, input_planes
 from hpc_rl.evaluation import load_policy, policy_from_checkpoint
 from hpc_rl.launch import mpirun_command, rank_env
-from hpc_rl.model.config import ModelConfig
+from hpc_rl.model.config import GoNetConfig, ModelConfig
 from hpc_rl.model.device import to_device
+from hpc_rl.model.go_net import GoNet, NetEvaluator
 from hpc_rl.model.policy import Policy, act, hero_indices
 from hpc_rl.runner import SerialRunner
-from hpc_rl.storage import commit_checkpoint, load_checkpoint
+from hpc_rl.storage import commit_checkpoint, load_checkpoint, open_run
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.gpu
@@ -188,3 +193,91 @@ def test_a_job_trains_on_the_gpu_and_resumes_on_the_cpu(tmp_path):
     assert summary["devices"] == {"inference": ["cpu"], "learner": ["cpu", "cpu"]}, summary["devices"]
     policy, _config, version = load_policy(tmp_path / "gpu")
     assert version == 6 and all(p.device.type == "cpu" for p in policy.parameters())
+
+
+def _go_positions(n: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray, GoGames]:
+    """One position from each of ``n`` random games, 0 to 60 moves in (its input planes and legal moves), and the
+    games as they stand after 60 moves."""
+    rng = np.random.default_rng(seed)
+    games = GoGames(n, size)
+    taken_at = rng.integers(0, 61, n)
+    planes = np.empty((n, NUM_PLANES, size, size), np.float32)
+    legal = np.empty((n, games.num_actions), bool)
+    for move in range(61):
+        now = games.legal_mask()
+        rows = np.flatnonzero(taken_at == move)
+        planes[rows], legal[rows] = input_planes(games, rows, now[rows]), now[rows]
+        # No passes while a point is legal: two in a row would end a game, leaving no legal move to evaluate.
+        games.step([rng.choice(np.flatnonzero(row[:-1])) if row[:-1].any() else games.pass_action for row in now])
+    return planes, legal, games
+
+
+def _go_nets(cuda, config: GoNetConfig, size: int) -> tuple[GoNet, GoNet]:
+    torch.manual_seed(0)
+    cpu_net = GoNet(config, size)
+    return cpu_net, copy.deepcopy(cpu_net).to(cuda)
+
+
+def test_go_leaf_evaluation_on_cuda_matches_the_cpu(cuda):
+    """The search's batched leaf evaluation (``NetEvaluator``, what Go's inference ranks run): the same priors over
+    the legal moves and values on both devices, for 256 positions of random 9x9 games in one batch."""
+    planes, legal, _ = _go_positions(256, 9, seed=0)
+    cpu_net, gpu_net = _go_nets(cuda, GoNetConfig(blocks=2, filters=32), 9)
+    with torch.no_grad():  # batch norm's running statistics away from their initial 0 and 1
+        for p, b in zip(cpu_net.modules(), gpu_net.modules()):
+            if isinstance(p, torch.nn.BatchNorm2d):
+                p.running_mean.uniform_(-0.5, 0.5)
+                p.running_var.uniform_(0.5, 2.0)
+                b.running_mean.copy_(p.running_mean)
+                b.running_var.copy_(p.running_var)
+    priors_cpu, values_cpu = NetEvaluator(cpu_net)(planes, legal)
+    priors_gpu, values_gpu = NetEvaluator(gpu_net, cuda)(planes, legal)
+    assert np.all(priors_gpu[~legal] == 0) and np.allclose(priors_gpu.sum(1), 1, atol=1e-5)
+    np.testing.assert_allclose(priors_gpu, priors_cpu, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(values_gpu, values_cpu, rtol=1e-4, atol=1e-5)
+
+
+def test_alphazero_update_on_cuda_matches_the_cpu(cuda):
+    """Five AlphaZero updates (policy, value and ownership losses, SGD with momentum and weight decay) on the same
+    positions from the same parameters: the same losses and parameters on both devices."""
+    planes, legal, games = _go_positions(64, 9, seed=1)
+    rng = np.random.default_rng(2)
+    pi = rng.dirichlet(np.ones(82), 64).astype(np.float32) * legal
+    pi = (pi / pi.sum(1, keepdims=True)).astype(np.float32)
+    z = rng.choice([-1.0, 1.0], 64).astype(np.float32)
+    ownership = games.area_owners().astype(np.int8)
+    scored = rng.random(64) < 0.7
+    config = AlphaZeroConfig(replay_positions=64, min_positions=1, batch_size=64, lr=0.02)
+    cpu_net, gpu_net = _go_nets(cuda, GoNetConfig(blocks=2, filters=32), 9)
+    cpu, gpu = AlphaZeroLearner(cpu_net, config), AlphaZeroLearner(gpu_net, config, device=cuda)
+    for _ in range(5):
+        on_cpu = cpu.update(planes, pi, z, ownership, scored)
+        on_gpu = gpu.update(planes, pi, z, ownership, scored)
+        for key, value in on_cpu.items():
+            if "loss" in key:
+                assert on_gpu[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    for (name, a), b in zip(cpu.net.state_dict().items(), gpu.net.state_dict().values()):
+        assert b.device.type == "cuda", name
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_a_go_job_selfplays_and_learns_on_the_gpu(tmp_path):
+    """Real ranks on 5x5 (experiment=go5): the inference rank evaluates the env rank's leaves and the learner trains
+    on the GPU (mpi4py's allreduce, as the job above: a GPU node set up by scripts/setup_gpu_node.sh has no
+    Horovod); its checkpoints are committed and load on the CPU."""
+    cmd = mpirun_command(4, [str(ROOT / "jobs/train.py"), "experiment=go5", "run_name=go", f"runs_dir={tmp_path}",
+                             "pipeline.allreduce=mpi", "pipeline.inference_device=cuda",
+                             "pipeline.learner_device=cuda"])
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=rank_env(), timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = json.loads((tmp_path / "go/summary.json").read_text())
+    assert summary["state"] == "finished" and summary["version"] == 4, summary
+    assert summary["devices"] == {"inference": ["cuda:0"], "learner": ["cuda:0"]}, summary["devices"]
+    run = open_run(tmp_path / "go")
+    assert run.checkpoint_versions == [2, 4]
+    on_cpu = AlphaZeroLearner(GoNet(GoNetConfig(blocks=1, filters=8), 5), AlphaZeroConfig())
+    on_cpu.load_checkpoint_sections(run.load_checkpoint(4).sections)
+    assert on_cpu.version == 4 and all(p.device.type == "cpu" and torch.isfinite(p).all()
+                                       for p in on_cpu.net.parameters())
