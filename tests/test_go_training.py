@@ -3,6 +3,7 @@ MPI job on 5x5 that commits checkpoints and resumes."""
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -272,6 +273,30 @@ def test_gating_plays_candidates_between_selfplay_batches_and_promotes_only_winn
     for (version, promoted, _), (after, promoted_after, _) in zip(log, log[1:]):
         assert (after != version) == (promoted_after > promoted) and after >= version
     assert any(busy for _, _, busy in log)  # versions were trained while a match was under way
+
+
+def test_a_time_limit_met_while_the_buffer_fills_ends_the_sitting_and_keeps_its_positions(tmp_path):
+    """A stop before the learners' first update (their buffers below min_positions, which may take minutes to fill)
+    ends the sitting at its limit, not at the update: the version it is at is committed with the buffer file, and the
+    resumed learners start from those positions."""
+    set_torch_threads()
+    runner = SerialRunner(go5(tmp_path, "run_name=go", "alphazero.replay_positions=100000",
+                                    "alphazero.min_positions=100000", "pipeline.max_seconds=4"))
+    started = time.monotonic()
+    runner.run()
+    elapsed = time.monotonic() - started
+    run = open_run(tmp_path / "go")
+    assert run.status["state"] == "time_limit" and run.status["version"] == 0, run.status
+    assert run.checkpoint_versions == [0]
+    # Without the stop while filling, the sitting would run until 100,000 positions had been played (minutes).
+    assert elapsed < 30, elapsed
+    arrays, attrs = read_replay_buffer(tmp_path / "go" / "replay_buffer" / "learner0.h5")
+    assert attrs["version"] == 0 and 0 < len(arrays["z"]) < 100_000 and arrays["version"].max() == 0
+    runner = SerialRunner(go5(tmp_path, "run_name=go", "alphazero.replay_positions=100000", "pipeline.max_versions=1"))
+    assert runner.learner.version == 0
+    assert runner.learner_worker.buffer.size == len(arrays["z"])
+    runner.run()
+    assert open_run(tmp_path / "go").checkpoint_versions[-1] == 1
 
 
 @pytest.mark.mpi

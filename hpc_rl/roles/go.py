@@ -334,7 +334,14 @@ class GoLearnerWorker(LockstepLearner):
         self.consumed_ids += self.take_games()
         control = self._control(self.buffer.size >= az.min_positions, float(az.batch_size))
         stop = control["stop_version"]
-        if self.learner.version >= pipeline.max_versions or (stop and self.learner.version >= stop):
+        # While a learner's buffer is still filling to min_positions, the next version may be minutes away: a stop
+        # (a signal, the time limit) then ends the sitting at this version, its positions kept in the buffer files.
+        filling = control["not_ready"] > 0
+        if self.learner.version >= pipeline.max_versions or (stop and (self.learner.version >= stop or filling)):
+            if stop and filling and self.first:
+                log.warning("stopping at version %d before the learners' next update: the replay buffers hold fewer "
+                            "than alphazero.min_positions=%d positions (this one %d); they are saved for a resume",
+                            self.learner.version, az.min_positions, self.buffer.size)
             self._finish()
             return False
         self.link.beat(self._stats())
