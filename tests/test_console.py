@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from hpc_rl.roles.console import (duration, final_eval_line, progress_line, rank_ranges, sitting_limit,
-                                  start_banner, summary_block, time_left)
+                                  start_banner, summary_block, time_left, waiting_line)
 
 ROLES = {0: "controller", 1: "env[0]", 2: "env[1]", 3: "inference[0]", 4: "learner[0]", 5: "learner[1]"}
 
@@ -55,6 +55,12 @@ def test_progress_line_keeps_the_version_first_and_shows_the_clock():
     line = progress_line(12, 724.0, 190.0, [("env", "2108 steps/s"), ("return", "21.5")])
     assert line == "v   12  12:04 elapsed, ~3:10 left  env 2108 steps/s  return 21.5"
     assert progress_line(3, 5.0, None, []) == "v    3  0:05 elapsed"
+
+
+def test_waiting_line_names_the_version_to_come_and_is_not_a_progress_line():
+    line = waiting_line(0, 90.0, [("env", "131 steps/s"), ("games", "12")])
+    assert line == "waiting for version 1  1:30 elapsed  env 131 steps/s  games 12"
+    assert not line.startswith("v")
 
 
 MOBA_EVAL = {"games": 100, "wins": 43, "draws": 7, "win_rate": 0.43, "ci95": [0.3373, 0.5286], "bot": "scripted",

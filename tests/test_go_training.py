@@ -2,6 +2,7 @@
 MPI job on 5x5 that commits checkpoints and resumes."""
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from hpc_rl.config import TrainConfig, build_config, register
 from hpc_rl.data.batch import GameSchema, SegmentError
 from hpc_rl.envs.go import NUM_PLANES, GoGames
 from hpc_rl.launch import mpirun_command, rank_env, set_torch_threads
+from hpc_rl.roles import controller
 from hpc_rl.model.config import GoNetConfig
 from hpc_rl.model.go_net import GoNet
 from hpc_rl.runner import SerialRunner
@@ -275,16 +277,22 @@ def test_gating_plays_candidates_between_selfplay_batches_and_promotes_only_winn
     assert any(busy for _, _, busy in log)  # versions were trained while a match was under way
 
 
-def test_a_time_limit_met_while_the_buffer_fills_ends_the_sitting_and_keeps_its_positions(tmp_path):
+def test_a_time_limit_met_while_the_buffer_fills_ends_the_sitting_and_keeps_its_positions(tmp_path, monkeypatch,
+                                                                                           capsys):
     """A stop before the learners' first update (their buffers below min_positions, which may take minutes to fill)
     ends the sitting at its limit, not at the update: the version it is at is committed with the buffer file, and the
-    resumed learners start from those positions."""
+    resumed learners start from those positions. Meanwhile the controller prints what the buffers hold."""
+    monkeypatch.setattr(controller, "WAITING_LINE_S", 1.0)
     set_torch_threads()
     runner = SerialRunner(go5(tmp_path, "run_name=go", "alphazero.replay_positions=100000",
                                     "alphazero.min_positions=100000", "pipeline.max_seconds=4"))
     started = time.monotonic()
     runner.run()
     elapsed = time.monotonic() - started
+    waiting = [line for line in capsys.readouterr().out.splitlines() if line.startswith("waiting for version 1")]
+    assert len(waiting) >= 2, waiting
+    assert re.fullmatch(r"waiting for version 1  0:0\d elapsed  env \d+ steps/s  games \d+  "
+                        r"replay [\d,]+ of 100,000 positions before the first update", waiting[-1]), waiting[-1]
     run = open_run(tmp_path / "go")
     assert run.status["state"] == "time_limit" and run.status["version"] == 0, run.status
     assert run.checkpoint_versions == [0]

@@ -2,6 +2,7 @@
 
     start_banner(run_dir, resumed_from, roles, max_versions, max_seconds, stop_hint)   # before the first version
     progress_line(version, elapsed, left, figures)                                    # one per published version
+    waiting_line(version, elapsed, figures)                        # before a sitting's first version, now and then
     time_left(elapsed, version, first_version, max_versions, max_seconds)             # the budget's remaining time
     sitting_limit(max_seconds, max_run_seconds, run_seconds_before)                   # this sitting's time limit
     summary_block(summary)                                                             # after the last version
@@ -95,6 +96,13 @@ def progress_line(version: int, elapsed: float, left: float | None, figures: Seq
     the clock, then the (name, value) figures that fit the run's environment, in order."""
     clock = f"{duration(elapsed)} elapsed" + (f", ~{duration(left)} left" if left is not None else "")
     return "  ".join([f"v{version:5d}", clock, *(f"{name} {value}" for name, value in figures)])
+
+
+def waiting_line(version: int, elapsed: float, figures: Sequence[tuple[str, str]]) -> str:
+    """``waiting for version 1  0:30 elapsed  env 130 steps/s  ...``: what a sitting has played while its first update
+    is still to come (no ``v`` first: scripts that read progress lines do not take it for one)."""
+    return "  ".join([f"waiting for version {version + 1}", f"{duration(elapsed)} elapsed",
+                      *(f"{name} {value}" for name, value in figures)])
 
 
 def final_eval_line(final: Mapping | None) -> str:

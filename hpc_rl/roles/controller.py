@@ -42,7 +42,8 @@ from hpc_rl.league.pool import OpponentPool
 from hpc_rl.league.tournament import RatingBook, rating_line
 from hpc_rl.populations import join_sections, merge_metrics, metric_name
 from hpc_rl.roles.common import Backoff, StopFlag
-from hpc_rl.roles.console import progress_line, sitting_limit, start_banner, summary_block, time_left, win_figure
+from hpc_rl.roles.console import (progress_line, sitting_limit, start_banner, summary_block, time_left, waiting_line,
+                                  win_figure)
 from hpc_rl.roles.control import ControlEndpoint
 from hpc_rl.roles.lifeline import Lifelines
 from hpc_rl.roles.protocol import (TAG_ACCOUNTING, TAG_CHECKPOINT, TAG_DONE, TAG_EVALUATION, TAG_HALT, TAG_HEARTBEAT,
@@ -62,6 +63,9 @@ from hpc_rl.topology import Role, Topology
 
 log = logging.getLogger(__name__)
 JOBS = Path(__file__).resolve().parent.parent.parent / "jobs"  # the commands the summary names
+# Before a sitting's first version, a line this often says what the job has played: Go's first update waits for
+# alphazero.min_positions, minutes of self-play, and a job that prints nothing that long looks hung.
+WAITING_LINE_S = 30.0
 
 
 def open_run_dir(config: TrainConfig, overrides: tuple[str, ...] = ()) -> Checkpoint | None:
@@ -223,7 +227,7 @@ class Controller:
         self.history: deque[np.ndarray] = deque(maxlen=M.WIN_RATE_WINDOW + 1)
         self.population_history: deque[np.ndarray] = deque(maxlen=M.WIN_RATE_WINDOW + 1)  # the same, per population
         self.started = time.monotonic()
-        self.last_line = (time.monotonic(), 0.0)
+        self.last_line = time.monotonic()  # when the last progress or waiting line was printed
         self.pool = self._load_pool(resume_version) if config.uses_league else None
         # Evaluator ranks: the TrueSkill table (ratings.json, continued on resume) and each committed version's
         # (env steps, wall time), so a rating arriving later is written where its version was trained.
@@ -413,6 +417,7 @@ class Controller:
         line = progress_line(version, elapsed, left, figures)
         print(line, flush=True)
         log.info(line)
+        self.last_line = time.monotonic()
 
     def _on_checkpoint(self, version: int, sections: dict, population: int = 0) -> None:
         if version <= self.committed:
@@ -555,6 +560,7 @@ class Controller:
         # A rank's death comes first: the launcher's TERM to every other rank follows it, and is not a user's stop.
         self._watch()
         self._maybe_stop()
+        self._maybe_waiting_line()
         if self.learners_done is not None and not self.stopped_envs:
             for rank in self.topology.ranks(Role.ENV):
                 self.control.send(True, rank, TAG_STOP)
@@ -567,6 +573,26 @@ class Controller:
                 self.control.send({"rate_final": final}, rank, TAG_STOP)
             return True
         return False
+
+    def _maybe_waiting_line(self) -> None:
+        """Before this sitting's first version, every ``WAITING_LINE_S``: the env ranks' rate and, in Go, the games
+        played and the positions the emptiest learner's buffer holds against ``alphazero.min_positions``."""
+        now = time.monotonic()
+        if self.last_metrics or self.learners_done is not None or now - self.last_line < WAITING_LINE_S:
+            return
+        self.last_line = now
+        env = self._role_stats(Role.ENV)
+        steps = sum(s.get("env_steps", 0) for s in env)
+        seconds = max((s.get("seconds", 0.0) for s in env), default=0.0)
+        figures = [("env", f"{steps / seconds:.0f} steps/s" if seconds > 0 else "n/a")]
+        if self.config.env.is_go:
+            held = min((s.get("held", 0) for s in self._role_stats(Role.LEARNER)), default=0)
+            figures += [("games", f"{sum(s.get('games', 0) for s in env):.0f}"),
+                        ("replay", f"{held:,} of {self.config.alphazero.min_positions:,} positions before the "
+                                   "first update")]
+        line = waiting_line(self.version, now - self.started, figures)
+        print(line, flush=True)
+        log.info(line)
 
     def _on_halt(self, reason: str) -> None:
         """The learners halted on non-finite losses and wait for the end: write the metrics so far (the skipped
