@@ -5,8 +5,9 @@
 The batch shell outlives its ranks: when srun ends and no TERM reached the shell (a ``scancel``, Slurm's preemption
 or time limit, or a requeue already under way: never requeued here), train.sbatch runs this, whatever srun's exit
 status (0 too: Slurm 22.05's srun exits 0 when its step failed to launch). It judges how the attempt ended
-(``attempt_cause``): a rank's death or hang named by the controller (``status.json`` state ``aborted``), a failure
-the controller could not name (it was killed itself, or a rank raised and aborted the job), or an attempt whose
+(``attempt_cause``): a rank's death, exception or hang named by the controller (``status.json`` state ``aborted``),
+a failure the controller could not name (it was killed or raised itself, or a rank without a lifeline raised and
+aborted the job), or an attempt whose
 controller never ended the run (its ranks never ran), is a failure; a run that ended by a decision (finished,
 preempted, cancelled, halted on non-finite losses, a refused requeue) or that was refused at its start (a bad
 config, the run locked by another job, a checkpoint that does not fit: ``EXIT_BAD_CONFIG``, ``EXIT_REFUSED``) is

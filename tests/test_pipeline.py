@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hpc_rl.launch import mpirun_command, rank_env
 from hpc_rl.storage import open_run
@@ -179,6 +180,21 @@ def test_failed_rank_ends_the_job_under_mpirun(tmp_path, what):
 @pytest.mark.parametrize("what", ["kill_env", "stop_inference"])
 def test_failed_rank_ends_the_job_under_srun(slurm_cluster, tmp_path, what):
     _failure("srun", tmp_path, what)
+
+
+def test_a_rank_that_raises_is_named_with_its_exception(tmp_path):
+    """A rank that raises ends the job at once, and the controller names it with the exception (its last words on the
+    lifeline), on stderr and in status.json, where a death of unknown cause was said before. Here both learners raise:
+    a CUDA device asked for on a machine without one."""
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA, where pipeline.learner_device=cuda raises")
+    job = Job(_train_cmd("mpirun", tmp_path, "raises", ["pipeline.learner_device=cuda"]), tmp_path)
+    assert job.wait(120) != 0
+    raised = (r"rank [45] \(learner\[[01]\]\) raised ValueError: device 'cuda' requested but CUDA is not "
+              "available")
+    assert re.search(raised + "; aborting the job. Last committed checkpoint: none.", job.output), job.output
+    status = open_run(tmp_path / "raises").status
+    assert status["state"] == "aborted" and re.fullmatch(raised, status["reason"]), status
 
 
 def test_a_run_time_limit_counts_every_sitting_of_the_run(tmp_path):

@@ -12,7 +12,8 @@ It keeps the opponent pool: every checkpoint retention keeps for good (each ``ke
 inference ranks report their games against past versions, the controller lowers the beaten versions' qualities and
 sends the pool back to them. It keeps the evaluator ranks'
 TrueSkill table (``ratings.json``) and writes their ratings to ``metrics.h5``. A rank whose process ended (its
-lifeline closed, see ``lifeline.py``) or that was silent for ``heartbeat_timeout_s`` is named, by number and role, on
+lifeline closed, see ``lifeline.py``), that raised (its last words on the lifeline: the exception) or that was silent
+for ``heartbeat_timeout_s`` is named, by number and role, with what it raised, on
 stderr, in the log and in ``status.json`` (state ``aborted``), the metrics so far are written, and the job aborted: a
 dead or hung rank must not hold an allocation forever, and the user (and slurm/train.sbatch, which requeues a failed
 job: ``hpc_rl/failures.py``) must learn which one it was.
@@ -465,7 +466,9 @@ class Controller:
     # --- decisions --------------------------------------------------------------------------------------
     def _watch(self) -> None:
         for rank in self.lifelines.ended() if self.lifelines is not None else ():
-            self._abort_for(rank, "died: its process ended (killed by a signal, out of memory or crashed)")
+            words = self.lifelines.last_words.get(rank)
+            self._abort_for(rank, f"raised {words}" if words is not None else
+                            "died: its process ended (killed by a signal, out of memory or crashed)")
         now = time.monotonic()
         limit = self.config.pipeline.heartbeat_timeout_s
         for rank, seen in self.last_seen.items():
@@ -474,7 +477,7 @@ class Controller:
                                       "hung or stopped")
 
     def _abort_for(self, rank: int, what: str) -> NoReturn:
-        """A rank is dead or hung: end the job naming the rank, its role and the checkpoint a resume starts from,
+        """A rank is dead, failed or hung: end the job naming the rank, its role and the checkpoint a resume starts from,
         after writing that into ``status.json`` and the metrics logged so far (the checkpoints are committed
         already)."""
 

@@ -29,7 +29,7 @@ from hpc_rl.roles.allreduce import MpiAllreduce, make_allreduce
 from hpc_rl.roles.common import Backoff, StopFlag, open_channels, setup_logging
 from hpc_rl.roles.control import ControlLink, MpiControl
 from hpc_rl.roles.env_worker import EnvWorker
-from hpc_rl.roles.lifeline import Lifelines, hold_lifeline
+from hpc_rl.roles.lifeline import Lifelines, hold_lifeline, say_last_words
 from hpc_rl.roles.protocol import CONTROLLER, TAG_ACCOUNTING, TAG_RESUME
 from hpc_rl.slurm import RequeueError
 from hpc_rl.storage import write_meta
@@ -66,9 +66,10 @@ def run(config: TrainConfig, comm: MPI.Comm = MPI.COMM_WORLD, overrides: tuple[s
         logging.shutdown()
         MPI.Finalize()
         os._exit(EXIT_REFUSED if controller else 0)
-    except BaseException:
+    except BaseException as err:
         traceback.print_exc()
         sys.stderr.flush()
+        say_last_words(f"{type(err).__name__}: {err}")  # the controller names the failure from them
         comm.Abort(1)
         raise
 
