@@ -289,7 +289,10 @@ def test_a_time_limit_met_while_the_buffer_fills_ends_the_sitting_and_keeps_its_
     started = time.monotonic()
     runner.run()
     elapsed = time.monotonic() - started
-    waiting = [line for line in capsys.readouterr().out.splitlines() if line.startswith("waiting for version 1")]
+    out = capsys.readouterr().out
+    assert re.search(r"time limit of 4 s: stopping at version 1, or at version 0 if the learners' replay buffers "
+                     r"still hold fewer than alphazero.min_positions \([\d,]+ of 100,000\)", out), out
+    waiting = [line for line in out.splitlines() if line.startswith("waiting for version 1")]
     assert len(waiting) >= 2, waiting
     assert re.fullmatch(r"waiting for version 1  0:0\d elapsed  env \d+ steps/s  games \d+  "
                         r"replay [\d,]+ of 100,000 positions before the first update", waiting[-1]), waiting[-1]

@@ -507,8 +507,13 @@ class Controller:
             self.stop_reason = "time_limit"
         if reason:
             target = self.version + 1
-            log.info("%s: stopping at version %d", reason, target)
-            print(f"{reason}: stopping at version {target}", flush=True)
+            line = f"{reason}: stopping at version {target}"
+            held = self._filling()
+            if held is not None:  # Go's learners stop at once while their buffers fill (hpc_rl.roles.go)
+                line += (f", or at version {self.version} if the learners' replay buffers still hold fewer than "
+                         f"alphazero.min_positions ({held:,} of {self.config.alphazero.min_positions:,})")
+            log.info("%s", line)
+            print(line, flush=True)
             self.control.send(target, self.topology.ranks(Role.LEARNER)[0], TAG_STOP)
             self.stop_sent = True
 
@@ -577,6 +582,14 @@ class Controller:
             return True
         return False
 
+    def _filling(self) -> int | None:
+        """In Go, the positions the emptiest learner's buffer holds while it is below ``alphazero.min_positions``
+        (by the learners' last heartbeats); else None."""
+        if not self.config.env.is_go:
+            return None
+        held = min((s.get("held", 0) for s in self._role_stats(Role.LEARNER)), default=0)
+        return held if held < self.config.alphazero.min_positions else None
+
     def _maybe_waiting_line(self) -> None:
         """Before this sitting's first version, every ``WAITING_LINE_S``: the env ranks' rate and, in Go, the games
         played and the positions the emptiest learner's buffer holds against ``alphazero.min_positions``."""
@@ -588,8 +601,8 @@ class Controller:
         steps = sum(s.get("env_steps", 0) for s in env)
         seconds = max((s.get("seconds", 0.0) for s in env), default=0.0)
         figures = [("env", f"{steps / seconds:.0f} steps/s" if seconds > 0 else "n/a")]
-        if self.config.env.is_go:
-            held = min((s.get("held", 0) for s in self._role_stats(Role.LEARNER)), default=0)
+        held = self._filling()
+        if held is not None:
             figures += [("games", f"{sum(s.get('games', 0) for s in env):.0f}"),
                         ("replay", f"{held:,} of {self.config.alphazero.min_positions:,} positions before the "
                                    "first update")]
