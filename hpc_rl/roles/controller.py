@@ -477,8 +477,8 @@ class Controller:
                                       "hung or stopped")
 
     def _abort_for(self, rank: int, what: str) -> NoReturn:
-        """A rank is dead, failed or hung: end the job naming the rank, its role and the checkpoint a resume starts from,
-        after writing that into ``status.json`` and the metrics logged so far (the checkpoints are committed
+        """A rank is dead, failed or hung: end the job naming the rank, its role and the checkpoint a resume starts
+        from, after writing that into ``status.json`` and the metrics logged so far (the checkpoints are committed
         already)."""
 
         cause = f"rank {rank} ({self.topology.role_map()[rank]}) {what}"

@@ -15,8 +15,8 @@ is named after ``heartbeat_timeout_s``. Heartbeats still find the ranks that are
 A rank writes nothing after its hello (the job's token and its rank) but, when it raises, its last words: the
 exception's type and message, sent before it aborts the job (``hpc_rl.roles.run``), from which the controller names
 the failure at once, where it would otherwise say "died" of unknown cause once the process is gone. End-of-file is
-the end of a rank that said nothing. A connection that does not present the token (anything else on the network) is dropped. A rank that cannot
-reach the controller's host is watched by heartbeats alone, and says so in its log.
+the end of a rank that said nothing. A connection that does not present the token (anything else on the network) is
+dropped. A rank that cannot reach the controller's host is watched by heartbeats alone, and says so in its log.
 """
 
 from __future__ import annotations
