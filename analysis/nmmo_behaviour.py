@@ -34,8 +34,9 @@ def interval(mean: float, ci: list[float]) -> str:
 
 
 def body(args: argparse.Namespace, out: Output) -> None:
-    from hpc_rl.evaluation import (FINAL_EVAL_SEED, checkpoint_policies, load_checkpoint_of_run, mean_ci95,
-                                   nmmo_exploration, nmmo_niches, nmmo_rollout)
+    from hpc_rl.evaluation import (FINAL_EVAL_SEED, checkpoint_policies, load_checkpoint_of_run, nmmo_exploration,
+                                   nmmo_niches, nmmo_rollout)
+    from hpc_rl.stats import mean_ci95
     from hpc_rl.launch import set_torch_threads
 
     if args.games < 1:

@@ -125,8 +125,9 @@ def over_seeds(members: Sequence[Member], get, digits: int = 1) -> str:
 # --- the rollouts ---------------------------------------------------------------------------------------------
 def measure(path: Path, name: str, value: int, games: int | None, seed: int) -> Member:
     """The member's policy and the random bot in the final evaluation's worlds."""
-    from hpc_rl.evaluation import (checkpoint_policies, load_checkpoint_of_run, mean_ci95, nmmo_exploration,
-                                   nmmo_niches, nmmo_rollout)
+    from hpc_rl.evaluation import (checkpoint_policies, load_checkpoint_of_run, nmmo_exploration, nmmo_niches,
+                                   nmmo_rollout)
+    from hpc_rl.stats import mean_ci95
 
     ckpt, config = load_checkpoint_of_run(path)
     if not config.env.is_nmmo:

@@ -27,7 +27,7 @@ from hpc_rl.model.policy import Policy
 from hpc_rl.model.tree import to_torch_tree
 from hpc_rl.play import play, team_agents
 from hpc_rl.populations import population_sections
-from hpc_rl.stats import wilson_interval
+from hpc_rl.stats import mean_ci95, ratio_ci95, wilson_interval
 from hpc_rl.storage import Checkpoint, open_run
 
 # The end-of-run evaluation's seed: fixed, so that every run (and jobs/evaluate.py) plays the same games.
@@ -297,13 +297,6 @@ def nmmo_niches(rollout: NmmoRollout, seed: int) -> dict:
                                      len(STYLES), seed, rollout.attack_agent // AGENT_STRIDE)}
 
 
-def mean_ci95(values: np.ndarray) -> tuple[float, float, float]:
-    """The mean and its 95% interval (normal approximation: mean ± 1.96 standard errors)."""
-    mean = float(np.mean(values))
-    half = 1.96 * float(np.std(values, ddof=1)) / np.sqrt(values.size) if values.size > 1 else float("nan")
-    return mean, mean - half, mean + half
-
-
 def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: int, seed: int = FINAL_EVAL_SEED
                      ) -> dict:
     """The evaluation a training job ends with (``final_eval`` of summary.json), timed in ``seconds``.
@@ -326,8 +319,10 @@ def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: 
     policy = policies[0]  # the one policy, where there are no populations
     if config.env.is_nmmo:
         result = {"worlds": games}
+        lifetimes = {}
         for name, player in (("policy", policies), ("random", "random")):
             rollout = nmmo_rollout(player, config, games, seed)
+            lifetimes[name] = rollout.lifetimes
             mean, low, high = mean_ci95(rollout.lifetimes)
             result.update({f"{name}_agents": int(rollout.lifetimes.size), f"{name}_mean_lifetime": mean,
                            f"{name}_ci95": [low, high], f"{name}_alive_at_end": rollout.alive_at_end})
@@ -337,7 +332,8 @@ def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: 
                     mean, low, high = mean_ci95(rollout.lifetimes[rollout.population == k])
                     result.update({f"population_{k}_agents": int((rollout.population == k).sum()),
                                    f"population_{k}_mean_lifetime": mean, f"population_{k}_ci95": [low, high]})
-        result["lifetime_ratio"] = result["policy_mean_lifetime"] / result["random_mean_lifetime"]
+        result["lifetime_ratio"], *ci95 = ratio_ci95(lifetimes["policy"], lifetimes["random"])
+        result["lifetime_ratio_ci95"] = ci95
         # Head to head (Neural MMO's tournaments put agents of different training in one world): the policies and
         # the random bot in the same worlds, about half the slots each.
         k = config.populations
@@ -347,8 +343,9 @@ def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: 
             mean, low, high = mean_ci95(mixed.lifetimes[group])
             result.update({f"head_to_head_{name}_agents": int(group.sum()),
                            f"head_to_head_{name}_mean_lifetime": mean, f"head_to_head_{name}_ci95": [low, high]})
-        result["head_to_head_ratio"] = (result["head_to_head_policy_mean_lifetime"] /
-                                        result["head_to_head_random_mean_lifetime"])
+        result["head_to_head_ratio"], *ci95 = ratio_ci95(mixed.lifetimes[mixed.population < k],
+                                                          mixed.lifetimes[mixed.population == k])
+        result["head_to_head_ratio_ci95"] = ci95
     elif config.env.is_moba:
         r = play_vs_bot(policy, config, "scripted", games, seed)
         result = {"games": r["games"], "wins": r["wins"], "draws": r["draws"], "win_rate": r["win_rate"],

@@ -1,6 +1,8 @@
 """Small statistics shared by the controller's progress lines, evaluation and the offline analysis (numpy only).
 
     wilson_interval(wins, games)        # 95% interval of a win rate
+    mean_ci95(values)                   # a mean and its 95% interval
+    ratio_ci95(a, b)                    # a ratio of two samples' means and its 95% interval
     trailing_mean(values, window)       # causal smoothing of a curve
     spread([v_seed0, None, v_seed2])    # a statistic over seeds, counting those that have no value
     permutation_p([40, None, 35], [20, 25, 30])   # one-sided: does the first group take longer than the second?
@@ -27,6 +29,32 @@ def wilson_interval(wins: float, games: float, z: float = 1.96) -> tuple[float, 
     centre = (p + z * z / (2 * games)) / (1 + z * z / games)
     half = z * math.sqrt(p * (1 - p) / games + z * z / (4 * games * games)) / (1 + z * z / games)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_ci95(values: np.ndarray) -> tuple[float, float, float]:
+    """The mean and its 95% interval (normal approximation: mean ± 1.96 standard errors)."""
+    mean = float(np.mean(values))
+    half = 1.96 * float(np.std(values, ddof=1)) / np.sqrt(values.size) if values.size > 1 else float("nan")
+    return mean, mean - half, mean + half
+
+
+def ratio_ci95(numerator: np.ndarray, denominator: np.ndarray, z: float = 1.96) -> tuple[float, float, float]:
+    """mean(numerator) / mean(denominator) of two independent samples of positive values (lifetimes) and its 95%
+    interval, by the delta method on the ratio's logarithm: log r ± z·sqrt(s_a² / (n_a·ā²) + s_b² / (n_b·b̄²)).
+    On the log scale the interval stays positive and is wider above than below, as a ratio's sampling spread is.
+    Each value counts as one independent draw (as ``mean_ci95`` counts lifetimes). With a single value on a side
+    the bounds are NaN."""
+    a, b = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
+    if a.size == 0 or b.size == 0:
+        raise ValueError(f"a ratio of means needs values on both sides, got {a.size} and {b.size}")
+    mean_a, mean_b = float(np.mean(a)), float(np.mean(b))
+    if mean_a <= 0 or mean_b <= 0:
+        raise ValueError(f"a ratio's interval needs positive means, got {mean_a} and {mean_b}")
+    ratio = mean_a / mean_b
+    if a.size < 2 or b.size < 2:
+        return ratio, float("nan"), float("nan")
+    half = z * math.sqrt(a.var(ddof=1) / (a.size * mean_a ** 2) + b.var(ddof=1) / (b.size * mean_b ** 2))
+    return ratio, ratio * math.exp(-half), ratio * math.exp(half)
 
 
 def trailing_mean(values: np.ndarray, window: int) -> np.ndarray:

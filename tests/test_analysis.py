@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from hpc_rl.stats import permutation_p, spread, trailing_mean, wilson_interval
+from hpc_rl.stats import mean_ci95, permutation_p, ratio_ci95, spread, trailing_mean, wilson_interval
 from hpc_rl.study import (choose_baseline, default_metric, default_thresholds, direction_test, first_crossing,
                           load_runs, markdown_table, measured_reuse, measured_staleness, speedup, speedup_rows,
                           staleness_histogram, swept_key)
@@ -72,6 +72,42 @@ def test_wilson_interval_hand_cases():
     assert wilson_interval(0, 0) == (0.0, 1.0)
     with pytest.raises(ValueError, match="wins <= games"):
         wilson_interval(11, 10)
+
+
+def test_ratio_ci95_agrees_with_the_bootstrap():
+    # Skewed positive samples as lifetimes are (exponential, the head-to-head's sizes times four): the delta method's
+    # interval on the log scale against the bootstrap percentile interval of the ratio of means (the slow reference).
+    rng = np.random.default_rng(0)
+    a, b = rng.exponential(33.0, 320), rng.exponential(7.0, 700)
+    ratio, low, high = ratio_ci95(a, b)
+    assert ratio == a.mean() / b.mean()
+    draws = 20_000
+    boot = (a[rng.integers(0, a.size, (draws, a.size))].mean(axis=1)
+            / b[rng.integers(0, b.size, (draws, b.size))].mean(axis=1))
+    ref_low, ref_high = np.quantile(boot, [0.025, 0.975])
+    assert low == pytest.approx(ref_low, rel=0.02) and high == pytest.approx(ref_high, rel=0.02)
+    assert high - ratio > ratio - low and ref_high - ratio > ratio - ref_low  # wider above than below, as both are
+
+
+def test_ratio_ci95_covers_the_true_ratio_95_times_in_100():
+    # 4,000 head-to-head-sized experiments (80 and 175 lifetimes) from exponentials of means 33 and 7.
+    rng = np.random.default_rng(1)
+    trials, true = 4_000, 33.0 / 7.0
+    a, b = rng.exponential(33.0, (trials, 80)), rng.exponential(7.0, (trials, 175))
+    covered = sum(low <= true <= high for _, low, high in (ratio_ci95(x, y) for x, y in zip(a, b)))
+    assert 0.93 <= covered / trials <= 0.965, covered / trials
+
+
+def test_ratio_ci95_and_mean_ci95_edge_cases():
+    assert math.isnan(ratio_ci95(np.array([3.0]), np.array([1.0, 2.0]))[1])
+    assert ratio_ci95(np.array([3.0]), np.array([1.0, 2.0]))[0] == 2.0
+    with pytest.raises(ValueError, match="values on both sides"):
+        ratio_ci95(np.array([]), np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="positive means"):
+        ratio_ci95(np.array([0.0, 0.0]), np.array([1.0, 2.0]))
+    mean, low, high = mean_ci95(np.array([1.0, 3.0]))
+    assert (mean, low, high) == pytest.approx((2.0, 2.0 - 1.96, 2.0 + 1.96))  # sd sqrt(2), n 2: se 1
+    assert math.isnan(mean_ci95(np.array([5.0]))[1])
 
 
 def test_trailing_mean_against_loop():

@@ -172,6 +172,10 @@ def test_rollout_records_every_agent_tick_and_the_reports_show_the_measures(tmp_
         assert 1 <= result[f"head_to_head_{player}_mean_lifetime"] and low <= high
     assert result["head_to_head_ratio"] == (result["head_to_head_policy_mean_lifetime"] /
                                             result["head_to_head_random_mean_lifetime"])
+    for ratio in ("lifetime_ratio", "head_to_head_ratio"):  # the ratios' intervals (hpc_rl.stats.ratio_ci95)
+        low, high = result[f"{ratio}_ci95"]
+        assert 0 < low < result[ratio] < high
+        assert f"{result[ratio]:.2f}x [{low:.2f}, {high:.2f}]" in lines[0]
     assert lines[1].startswith("exploration: policy ")
     behaviour = script(ROOT / "analysis" / "nmmo_behaviour.py")
     assert behaviour.run_script(behaviour.parser(), behaviour.body,

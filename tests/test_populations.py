@@ -70,6 +70,9 @@ def test_slots_learners_checkpoint_groups_and_metrics_belong_to_populations():
     final |= {"head_to_head_policy_mean_lifetime": 14.0, "head_to_head_random_mean_lifetime": 5.6,
               "head_to_head_ratio": 2.5}
     assert "worlds; head to head in the same worlds 14.0 vs 5.6 (2.50x), 3 s" in final_eval_line(final)
+    final |= {"head_to_head_ratio_ci95": [2.1, 2.95], "lifetime_ratio_ci95": [0.9, 1.4]}  # where the evaluation has them
+    assert "(1.15x [0.90, 1.40]) over the first 64 agents" in final_eval_line(final)
+    assert "14.0 vs 5.6 (2.50x [2.10, 2.95]), 3 s" in final_eval_line(final)
 
 
 def test_the_world_spec_and_the_config_carry_the_populations(tmp_path):

@@ -105,6 +105,13 @@ def waiting_line(version: int, elapsed: float, figures: Sequence[tuple[str, str]
                       *(f"{name} {value}" for name, value in figures)])
 
 
+def _ratio(final: Mapping, key: str) -> str:
+    """``4.75x [4.21, 5.36]``: a ratio of the final evaluation and its 95% interval (``<key>_ci95``; evaluations
+    written before it had one show the ratio alone)."""
+    interval = final.get(f"{key}_ci95")
+    return f"{final[key]:.2f}x" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
 def final_eval_line(final: Mapping | None) -> str:
     """The final evaluation in one line (``final_eval`` of summary.json; None: not run)."""
     if final is None:
@@ -119,10 +126,11 @@ def final_eval_line(final: Mapping | None) -> str:
                        if f"population_{k}_mean_lifetime" in final]
         each = f" (populations: {', '.join(f'{m:.1f}' for m in populations)})" if populations else ""
         return (f"mean lifetime {final['policy_mean_lifetime']:.1f} [{p_low:.1f}, {p_high:.1f}]{each} vs random "
-                f"{final['random_mean_lifetime']:.1f} [{r_low:.1f}, {r_high:.1f}] ({final['lifetime_ratio']:.2f}x) "
-                f"over the first {final['policy_agents']} agents of {final['worlds']} worlds"
+                f"{final['random_mean_lifetime']:.1f} [{r_low:.1f}, {r_high:.1f}] "
+                f"({_ratio(final, 'lifetime_ratio')}) over the first {final['policy_agents']} agents of "
+                f"{final['worlds']} worlds"
                 + (f"; head to head in the same worlds {final['head_to_head_policy_mean_lifetime']:.1f} vs "
-                   f"{final['head_to_head_random_mean_lifetime']:.1f} ({final['head_to_head_ratio']:.2f}x)"
+                   f"{final['head_to_head_random_mean_lifetime']:.1f} ({_ratio(final, 'head_to_head_ratio')})"
                    if "head_to_head_ratio" in final else "") + f", {final['seconds']:.0f} s")
     return (f"mean greedy return {final['mean_return']:.1f} (std {final['std_return']:.1f}) over "
             f"{final['episodes']} episodes, {final['seconds']:.0f} s")
