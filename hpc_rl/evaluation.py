@@ -162,6 +162,7 @@ class NmmoRollout:
 
     lifetimes: np.ndarray  # (cohort,) float64 ticks
     population: np.ndarray  # (cohort,) int64: each cohort agent's population (its slot's)
+    world: np.ndarray  # (cohort,) int64: each cohort agent's world (agents of one world are not independent draws)
     alive_at_end: int  # cohort agents still alive at the end (their lifetimes are lower bounds)
     ticks: int
     visit_agent: np.ndarray  # (V,) int64
@@ -259,8 +260,8 @@ def nmmo_rollout(player: Policy | list[Policy | str] | str, config: TrainConfig,
     lifetime[alive] = tick - spawn_tick[alive]
     v = [np.concatenate(column).astype(np.int64) for column in zip(*visits)]
     k = [np.concatenate(column).astype(np.int64) for column in zip(*attacks)]
-    return NmmoRollout(lifetime[cohort].astype(np.float64), population[cohort], int(alive.sum()), tick, *v, *k,
-                       passable, n)
+    return NmmoRollout(lifetime[cohort].astype(np.float64), population[cohort], world[cohort], int(alive.sum()), tick,
+                       *v, *k, passable, n)
 
 
 def head_to_head_teams(num_agents: int, populations: int) -> np.ndarray:
@@ -319,10 +320,9 @@ def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: 
     policy = policies[0]  # the one policy, where there are no populations
     if config.env.is_nmmo:
         result = {"worlds": games}
-        lifetimes = {}
+        rollouts = {}
         for name, player in (("policy", policies), ("random", "random")):
-            rollout = nmmo_rollout(player, config, games, seed)
-            lifetimes[name] = rollout.lifetimes
+            rollout = rollouts[name] = nmmo_rollout(player, config, games, seed)
             mean, low, high = mean_ci95(rollout.lifetimes)
             result.update({f"{name}_agents": int(rollout.lifetimes.size), f"{name}_mean_lifetime": mean,
                            f"{name}_ci95": [low, high], f"{name}_alive_at_end": rollout.alive_at_end})
@@ -332,7 +332,9 @@ def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: 
                     mean, low, high = mean_ci95(rollout.lifetimes[rollout.population == k])
                     result.update({f"population_{k}_agents": int((rollout.population == k).sum()),
                                    f"population_{k}_mean_lifetime": mean, f"population_{k}_ci95": [low, high]})
-        result["lifetime_ratio"], *ci95 = ratio_ci95(lifetimes["policy"], lifetimes["random"])
+        # The ratios' intervals by world (the same worlds for both players): its agents' lifetimes move together.
+        policy, random = rollouts["policy"], rollouts["random"]
+        result["lifetime_ratio"], *ci95 = ratio_ci95(policy.lifetimes, random.lifetimes, policy.world, random.world)
         result["lifetime_ratio_ci95"] = ci95
         # Head to head (Neural MMO's tournaments put agents of different training in one world): the policies and
         # the random bot in the same worlds, about half the slots each.
@@ -343,8 +345,9 @@ def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: 
             mean, low, high = mean_ci95(mixed.lifetimes[group])
             result.update({f"head_to_head_{name}_agents": int(group.sum()),
                            f"head_to_head_{name}_mean_lifetime": mean, f"head_to_head_{name}_ci95": [low, high]})
-        result["head_to_head_ratio"], *ci95 = ratio_ci95(mixed.lifetimes[mixed.population < k],
-                                                          mixed.lifetimes[mixed.population == k])
+        ours, bots = mixed.population < k, mixed.population == k
+        result["head_to_head_ratio"], *ci95 = ratio_ci95(mixed.lifetimes[ours], mixed.lifetimes[bots],
+                                                          mixed.world[ours], mixed.world[bots])
         result["head_to_head_ratio_ci95"] = ci95
     elif config.env.is_moba:
         r = play_vs_bot(policy, config, "scripted", games, seed)

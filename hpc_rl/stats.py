@@ -38,12 +38,19 @@ def mean_ci95(values: np.ndarray) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-def ratio_ci95(numerator: np.ndarray, denominator: np.ndarray, z: float = 1.96) -> tuple[float, float, float]:
-    """mean(numerator) / mean(denominator) of two independent samples of positive values (lifetimes) and its 95%
-    interval, by the delta method on the ratio's logarithm: log r ± z·sqrt(s_a² / (n_a·ā²) + s_b² / (n_b·b̄²)).
-    On the log scale the interval stays positive and is wider above than below, as a ratio's sampling spread is.
-    Each value counts as one independent draw (as ``mean_ci95`` counts lifetimes). With a single value on a side
-    the bounds are NaN."""
+def ratio_ci95(numerator: np.ndarray, denominator: np.ndarray, numerator_worlds: np.ndarray | None = None,
+               denominator_worlds: np.ndarray | None = None, z: float = 1.96) -> tuple[float, float, float]:
+    """mean(numerator) / mean(denominator) of two samples of positive values (lifetimes) and its 95% interval, by the
+    delta method on the ratio's logarithm, where the interval stays positive and is wider above than below, as a
+    ratio's sampling spread is.
+
+    Without worlds every value is an independent draw: log r ± z·sqrt(s_a² / (n_a·ā²) + s_b² / (n_b·b̄²)). With
+    each value's world (cluster; both sides may share worlds, as players evaluated in the same worlds do), the
+    worlds are the independent draws: with each world's sums S and counts N of the two sides, log r = log ΣS_a −
+    log ΣN_a − log ΣS_b + log ΣN_b is linearised per world as S_a,w / S̄_a − N_a,w / N̄_a − S_b,w / S̄_b +
+    N_b,w / N̄_b, whose variance over the W worlds, divided by W, is log r's. Agents of one world share its map
+    and neighbours, so their lifetimes move together: the per-value interval is then too narrow. With a single
+    value (or world) the bounds are NaN."""
     a, b = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
     if a.size == 0 or b.size == 0:
         raise ValueError(f"a ratio of means needs values on both sides, got {a.size} and {b.size}")
@@ -51,9 +58,26 @@ def ratio_ci95(numerator: np.ndarray, denominator: np.ndarray, z: float = 1.96) 
     if mean_a <= 0 or mean_b <= 0:
         raise ValueError(f"a ratio's interval needs positive means, got {mean_a} and {mean_b}")
     ratio = mean_a / mean_b
-    if a.size < 2 or b.size < 2:
-        return ratio, float("nan"), float("nan")
-    half = z * math.sqrt(a.var(ddof=1) / (a.size * mean_a ** 2) + b.var(ddof=1) / (b.size * mean_b ** 2))
+    if (numerator_worlds is None) != (denominator_worlds is None):
+        raise ValueError("give the worlds of both sides or of neither")
+    if numerator_worlds is None:
+        if a.size < 2 or b.size < 2:
+            return ratio, float("nan"), float("nan")
+        var_log = a.var(ddof=1) / (a.size * mean_a ** 2) + b.var(ddof=1) / (b.size * mean_b ** 2)
+    else:
+        worlds, index = np.unique(np.concatenate([numerator_worlds, denominator_worlds]), return_inverse=True)
+        if index.size != a.size + b.size:
+            raise ValueError(f"one world per value: {a.size} and {b.size} values, {np.size(numerator_worlds)} and "
+                             f"{np.size(denominator_worlds)} worlds")
+        if worlds.size < 2:
+            return ratio, float("nan"), float("nan")
+        ia, ib = index[:a.size], index[a.size:]
+        sums_a, sums_b = (np.bincount(i, weights=v, minlength=worlds.size) for i, v in ((ia, a), (ib, b)))
+        counts_a, counts_b = (np.bincount(i, minlength=worlds.size).astype(np.float64) for i in (ia, ib))
+        linear = (sums_a / sums_a.mean() - counts_a / counts_a.mean() - sums_b / sums_b.mean()
+                  + counts_b / counts_b.mean())
+        var_log = linear.var(ddof=1) / worlds.size
+    half = z * math.sqrt(var_log)
     return ratio, ratio * math.exp(-half), ratio * math.exp(half)
 
 
