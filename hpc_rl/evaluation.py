@@ -333,8 +333,8 @@ def final_evaluation(policy: Policy | list[Policy], config: TrainConfig, games: 
                     result.update({f"population_{k}_agents": int((rollout.population == k).sum()),
                                    f"population_{k}_mean_lifetime": mean, f"population_{k}_ci95": [low, high]})
         # The ratios' intervals by world (the same worlds for both players): its agents' lifetimes move together.
-        policy, random = rollouts["policy"], rollouts["random"]
-        result["lifetime_ratio"], *ci95 = ratio_ci95(policy.lifetimes, random.lifetimes, policy.world, random.world)
+        trained, bot = rollouts["policy"], rollouts["random"]
+        result["lifetime_ratio"], *ci95 = ratio_ci95(trained.lifetimes, bot.lifetimes, trained.world, bot.world)
         result["lifetime_ratio_ci95"] = ci95
         # Head to head (Neural MMO's tournaments put agents of different training in one world): the policies and
         # the random bot in the same worlds, about half the slots each.
