@@ -193,6 +193,8 @@ def test_a_rank_that_raises_is_named_with_its_exception(tmp_path):
     raised = (r"rank [45] \(learner\[[01]\]\) raised ValueError: device 'cuda' requested but CUDA is not "
               "available")
     assert re.search(raised + "; aborting the job. Last committed checkpoint: none.", job.output), job.output
+    # Named before the TERM of the abort that follows could read as a user's stop (lifelines accepted at first look).
+    assert "stopping at version" not in job.output, job.output
     status = open_run(tmp_path / "raises").status
     assert status["state"] == "aborted" and re.fullmatch(raised, status["reason"]), status
 

@@ -54,22 +54,29 @@ class Lifelines:
         """The ranks whose connection closed since the last call, or that said their last words (``last_words``):
         their processes have ended or are aborting the job."""
         ended = []
-        for key, _ in self._selector.select(timeout=0):
-            sock, rank = key.fileobj, key.data
-            if sock is self._server:
-                self._accept()
-                continue
-            try:
-                data = sock.recv(_WORDS.size + MAX_WORDS if rank is not None else _HELLO.size)
-            except OSError:  # reset by the peer's kernel: closed too
-                data = b""
-            if rank is not None:
-                if self._on_words(rank, data):
-                    ended.append(rank)
-                    del self.held[rank]
-                    self._drop(sock)
-            else:
-                self._on_hello(sock, data)
+        # Until nothing more is ready (a bounded number of rounds): a connection accepted in one round has its hello,
+        # and perhaps its last words, read in the next ones of the same call, so a rank that raised while the
+        # controller was still starting is named at its first look, before the TERM of the abort that follows.
+        for _ in range(16):
+            ready = self._selector.select(timeout=0)
+            if not ready:
+                break
+            for key, _ in ready:
+                sock, rank = key.fileobj, key.data
+                if sock is self._server:
+                    self._accept()
+                    continue
+                try:
+                    data = sock.recv(_WORDS.size + MAX_WORDS if rank is not None else _HELLO.size)
+                except OSError:  # reset by the peer's kernel: closed too
+                    data = b""
+                if rank is not None:
+                    if self._on_words(rank, data):
+                        ended.append(rank)
+                        del self.held[rank]
+                        self._drop(sock)
+                else:
+                    self._on_hello(sock, data)
         return ended
 
     def _on_words(self, rank: int, data: bytes) -> bool:
