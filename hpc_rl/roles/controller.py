@@ -301,6 +301,11 @@ class Controller:
     def _role_stats(self, role: Role) -> list[dict]:
         return [self.stats.get(r, {}) for r in self.topology.ranks(role)]
 
+    @staticmethod
+    def _env_clock(env: list[dict]) -> tuple[int, float]:
+        """The env ranks' steps so far and the longest of their clocks (their heartbeats' stats): env steps/s."""
+        return sum(s.get("env_steps", 0) for s in env), max((s.get("seconds", 0.0) for s in env), default=0.0)
+
     def _all_populations(self, kind: str, version: int, population: int, message: dict) -> list[dict] | None:
         """Every population's ``kind`` message of ``version`` once the last has arrived (in population order), else
         None; what older versions still wait for will not come (a population skipped it) and is dropped."""
@@ -329,8 +334,7 @@ class Controller:
                      self.config.env.moba.map_size)
         env = self._role_stats(Role.ENV)
         inference = self._role_stats(Role.INFERENCE)
-        steps = sum(s.get("env_steps", 0) for s in env)
-        seconds = max((s.get("seconds", 0.0) for s in env), default=0.0)
+        steps, seconds = self._env_clock(env)
         metrics[M.ENV_STEPS] = float(steps)
         metrics[M.ENV_STEPS_PER_S] = steps / seconds if seconds > 0 else 0.0
         reported = [s for s in inference if "mean_batch" in s]
@@ -598,8 +602,7 @@ class Controller:
             return
         self.last_line = now
         env = self._role_stats(Role.ENV)
-        steps = sum(s.get("env_steps", 0) for s in env)
-        seconds = max((s.get("seconds", 0.0) for s in env), default=0.0)
+        steps, seconds = self._env_clock(env)
         figures = [("env", f"{steps / seconds:.0f} steps/s" if seconds > 0 else "n/a")]
         held = self._filling()
         if held is not None:
