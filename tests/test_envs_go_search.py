@@ -10,7 +10,8 @@ import pytest
 from hpc_rl.envs.go import NUM_PLANES, PASSES, GoGames, input_planes, passes_held_back
 from hpc_rl.envs.go_search import (COUNT, FIRST, PRIOR, VALUE_SUM, VISITS, Match, PUCTConfig, PUCTSearch,
                                    SelfPlay, add_virtual_loss, backup, calibrated_resign_threshold, evaluation_config,
-                                   mix_noise, play_games, puct_score, resign_false_positives, visit_policy)
+                                   first_play_value, mix_noise, play_games, puct_score, resign_false_positives,
+                                   visit_policy)
 
 
 class LinearEvaluator:
@@ -37,9 +38,18 @@ def test_puct_score_is_agz_formula():
     rng = np.random.default_rng(0)
     for _ in range(50):
         w, n, p, parent, c = rng.normal(), float(rng.integers(0, 9)), rng.random(), float(rng.integers(1, 30)), 1.5
-        q = w / n if n > 0 else 0.0
-        assert puct_score(w, n, p, parent, c) == pytest.approx(q + c * p * math.sqrt(parent) / (1 + n), abs=1e-12)
-    assert puct_score(5.0, 0.0, 0.5, 4.0, 1.0) == pytest.approx(0.5 * 2)  # unvisited: Q = 0
+        first = rng.normal()
+        q = w / n if n > 0 else first
+        assert puct_score(w, n, p, parent, c, first) == pytest.approx(q + c * p * math.sqrt(parent) / (1 + n),
+                                                                      abs=1e-12)
+    assert puct_score(5.0, 0.0, 0.5, 4.0, 1.0, 0.0) == pytest.approx(0.5 * 2)  # unvisited at AlphaGo Zero's Q = 0
+    assert puct_score(5.0, 0.0, 0.5, 4.0, 1.0, -0.3) == pytest.approx(-0.3 + 0.5 * 2)
+
+
+def test_first_play_value_is_the_parent_value_less_the_reduction():
+    assert first_play_value(0.2, 0.0, 0.25) == pytest.approx(0.2)  # nothing visited yet: the parent's value
+    assert first_play_value(-0.4, 0.64, 0.25) == pytest.approx(-0.4 - 0.25 * 0.8)
+    assert first_play_value(0.1, 1.0, 0.0) == pytest.approx(0.1)
 
 
 def test_virtual_loss_then_backup_is_one_visit_of_alternating_sign():
@@ -93,9 +103,10 @@ class Node:
         self.prior, self.n, self.w, self.children = prior, 0.0, 0.0, None
 
 
-def reference_search(evaluate, games, row, sims, k, c_puct, vl):
+def reference_search(evaluate, games, row, sims, k, c_puct, vl, fpu=None):
     """PUCT written out node by node: per step, up to ``k`` descents each under the virtual loss of the ones before,
-    then the leaves evaluated and backed up in order; the root's visits by action."""
+    then the leaves evaluated and backed up in order; the root's visits by action. ``fpu``: an unvisited child is
+    valued at the node's mean value for its player to move less fpu * sqrt(the visited children's prior mass)."""
     root, done = Node(0.0), 0
     while done < sims:
         count = 1 if root.children is None else min(k, sims - done)
@@ -104,8 +115,12 @@ def reference_search(evaluate, games, row, sims, k, c_puct, vl):
             node, path, acts = root, [root], []
             while node.children:
                 best, best_score = None, -math.inf
+                first = 0.0
+                if fpu is not None:
+                    visited = sum(child.prior for child in node.children.values() if child.n > 0)
+                    first = -node.w / node.n - fpu * math.sqrt(visited)
                 for a, child in node.children.items():
-                    q = child.w / child.n if child.n > 0 else 0.0
+                    q = child.w / child.n if child.n > 0 else first
                     score = q + c_puct * child.prior * math.sqrt(node.n) / (1.0 + child.n)
                     if score > best_score:
                         best, best_score = (a, child), score
@@ -148,23 +163,46 @@ def reference_search(evaluate, games, row, sims, k, c_puct, vl):
     return visits
 
 
+@pytest.mark.parametrize("fpu", [None, 0.25])
 @pytest.mark.parametrize("k", [1, 3])
-def test_search_trees_match_a_slow_reference(k):
+def test_search_trees_match_a_slow_reference(k, fpu):
     """The same root visits as the reference, move after move of a game on 5x5 (deep enough to reach ends), with
-    several leaves per game in flight under virtual loss when k > 1."""
+    several leaves per game in flight under virtual loss when k > 1, unvisited children at Q = 0 or at the
+    first-play urgency value."""
     evaluate = LinearEvaluator(5, seed=k)
-    cfg = PUCTConfig(simulations=40, leaves_per_game=k, dirichlet_weight=0.0, temperature=0.0)
+    cfg = PUCTConfig(simulations=40, leaves_per_game=k, dirichlet_weight=0.0, temperature=0.0, fpu_reduction=fpu)
     games = GoGames(1, 5, max_game_length=14)
     search = PUCTSearch(cfg, [0], board_size=5, max_game_length=14)
     moves = 0
     while not games.terminal[0]:
         choice = search.search(games, [0], evaluate)
-        visits = reference_search(evaluate, games, 0, cfg.simulations, k, cfg.c_puct, cfg.virtual_loss)
+        visits = reference_search(evaluate, games, 0, cfg.simulations, k, cfg.c_puct, cfg.virtual_loss, fpu)
         np.testing.assert_allclose(choice.pi[0], visits / visits.sum(), rtol=1e-6)
         assert choice.actions[0] == visits.argmax()
         games.step(choice.actions)
         moves += 1
     assert moves >= 6
+
+
+def test_first_play_urgency_keeps_a_losing_search_on_its_prior_moves():
+    """Black, the searcher, is lost in every position (value -0.5 to black, +0.5 to white), so every visited move is
+    worth -0.5 to it: with AlphaGo Zero's Q = 0 for unvisited moves the search tries every legal move before
+    revisiting one; with the first-play urgency reduction it stays on the moves the prior favours."""
+    def evaluate(planes, legal):
+        priors = legal * np.where(np.arange(legal.shape[1]) < 3, 10.0, 0.1)  # three moves the prior likes
+        black_to_move = planes[:, 3, 0, 0] == 1
+        return priors, np.where(black_to_move, -0.5, 0.5)
+
+    games = GoGames(1, 5)
+    tried = {}
+    for fpu in (None, 0.25):
+        search = PUCTSearch(PUCTConfig(simulations=40, dirichlet_weight=0.0, temperature=0.0, fpu_reduction=fpu), [0],
+                            board_size=5)
+        visits = search.search(games, [0], evaluate).pi[0] * 39
+        tried[fpu] = int((visits > 0).sum())
+        assert visits[:3].sum() > (30 if fpu is not None else 0)
+    assert tried[None] == 26  # every legal move (25 points and the pass)
+    assert tried[0.25] <= 4
 
 
 def test_uniform_prior_zero_value_search_finds_the_one_winning_capture():
@@ -420,6 +458,8 @@ def test_bad_settings_and_calls_are_refused():
         PUCTConfig(resign_false_positives=1.0)
     with pytest.raises(ValueError, match="resign_calibration_games"):
         PUCTConfig(resign_calibration_games=0)
+    with pytest.raises(ValueError, match="fpu_reduction"):
+        PUCTConfig(fpu_reduction=-0.1)
     search = PUCTSearch(PUCTConfig(simulations=4), [0, 1], board_size=5)
     games = GoGames(2, 5)
     with pytest.raises(RuntimeError, match="start"):

@@ -274,6 +274,19 @@ def test_a_network_player_evaluates_its_paths_in_flight_in_one_batch(tmp_path):
         make_player(net_spec(str(layout.root), 1, sims=8) + ",leaves=0", go.board_size, go.komi, 0)
 
 
+def test_a_network_players_first_play_urgency_is_the_runs_unless_its_spec_sets_one(tmp_path):
+    layout, go = go_run(tmp_path)
+    own = make_player(net_spec(str(layout.root), 2, sims=8), go.board_size, go.komi, seed=0)
+    spec = net_spec(str(layout.root), 2, sims=8, fpu=0.2)
+    assert spec.endswith("version=2,sims=8,fpu=0.2")
+    reduced = make_player(spec, go.board_size, go.komi, seed=0)
+    assert own.config.fpu_reduction == go.search.fpu_reduction and reduced.config.fpu_reduction == 0.2
+    moves = random_game(5, 6)
+    assert replay(moves).legal_mask()[0, reduced.choose(replay(moves), 0, moves)]
+    with pytest.raises(ValueError, match="fpu must lie in"):
+        make_player(net_spec(str(layout.root), 1, sims=8, fpu=-0.1), go.board_size, go.komi, 0)
+
+
 def test_sampled_openings_make_two_networks_games_differ_and_replay_from_their_seeds(tmp_path):
     """Without an opening two networks play one game per colour whatever the seeds; with opening=4 the first four
     moves are drawn from the visit counts, so seeds give different games, each replayed exactly from its seed."""

@@ -111,3 +111,19 @@ def test_ownership_targets_take_the_player_to_moves_view():
     targets = ownership_targets(np.array([0, 1, 0]), final)
     assert targets.dtype == np.int8
     assert targets.tolist() == [[1, -1, 0, 1], [-1, 1, 0, -1], [1, -1, 0, 1]]
+
+
+def test_a_frozen_evaluator_gives_the_networks_priors_and_values():
+    """``frozen=True`` (a ladder's player) folds batch norm into the convolutions: the same numbers up to rounding."""
+    torch.manual_seed(0)
+    net = GoNet(GoNetConfig(blocks=2, filters=8), 5)
+    net.train()
+    for _ in range(3):  # batch norm's running statistics away from their initial values
+        net(torch.randn(16, NUM_PLANES, 5, 5))
+    planes = np.random.default_rng(0).random((6, NUM_PLANES, 5, 5), dtype=np.float32)
+    legal = np.ones((6, 26), dtype=bool)
+    legal[:, ::4] = False
+    plain, frozen = NetEvaluator(net)(planes, legal), NetEvaluator(net, frozen=True)(planes, legal)
+    np.testing.assert_allclose(frozen[0], plain[0], atol=1e-6)
+    np.testing.assert_allclose(frozen[1], plain[1], atol=1e-6)
+    assert (frozen[0][~legal] == 0).all() and np.abs(plain[1]).max() > 0

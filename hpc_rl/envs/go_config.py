@@ -17,6 +17,9 @@ class PUCTConfig:
 
     simulations: int = 1600  # per move, the root's expansion included (AlphaGo Zero's and ELF's 1,600)
     c_puct: float = 1.5  # ELF's (section 5.1); AlphaGo Zero and AlphaZero leave it unstated
+    # The Q of an unvisited child: None, 0 (AlphaGo Zero); r >= 0, the parent's mean value for the player to move
+    # less r * sqrt(prior mass of the visited children) (Leela Zero's first-play urgency reduction; KataGo's 0.2).
+    fpu_reduction: float | None = None
     virtual_loss: float = 1.0  # ELF's: an in-flight path counts as a lost visit (section 5.2)
     leaves_per_game: int = 1  # paths in flight per game and step; the batch is games x this
     dirichlet_alpha: float = 0.03  # root noise Dir(alpha) (AlphaGo Zero, 19x19; AlphaZero scales it ~ 10 / moves)
@@ -51,6 +54,8 @@ class PUCTConfig:
         for name in ("c_puct", "virtual_loss", "temperature"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.fpu_reduction is not None and not 0 <= self.fpu_reduction <= 2:
+            raise ValueError(f"fpu_reduction must lie in [0, 2] or be None, got {self.fpu_reduction}")
         if not self.dirichlet_alpha > 0:
             raise ValueError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
         for name in ("dirichlet_weight", "resign_playout_share"):

@@ -13,9 +13,9 @@ AlphaGo Zero's calibrated resignation (``calibrated_resign_threshold``), and ``p
 ends in one process; ``Match`` steps games between two networks (gating, on an inference rank). The settings
 (``PUCTConfig``) live in ``go_config.py``, which imports no numba, so a run's config composes without it.
 
-The maths are pure functions (``puct_score``, ``add_virtual_loss``, ``backup``, ``mix_noise``, ``visit_policy``,
-``calibrated_resign_threshold``). A node's statistics are its visit count N and value sum W, both for the player who
-moved into it, and its prior P.
+The maths are pure functions (``puct_score``, ``first_play_value``, ``add_virtual_loss``, ``backup``, ``mix_noise``,
+``visit_policy``, ``calibrated_resign_threshold``). A node's statistics are its visit count N and value sum W, both
+for the player who moved into it, and its prior P.
 
 numba caches each file's kernels and notices edits of that file only; the kernels here therefore call nothing of
 ``go.py``: positions are built through ``GoGames``' own methods (``copy_from``, ``play_sequences``, ``terminal``,
@@ -44,11 +44,22 @@ PRIOR, VISITS, VALUE_SUM = range(3)
 
 
 @njit(cache=True)
-def puct_score(value_sum, visits, prior, parent_visits, c_puct):
-    """AlphaGo Zero's PUCT: Q + c_puct P sqrt(N_parent) / (1 + N), Q = W / N and 0 for an unvisited child (its
-    initial value); N_parent is the parent's own count (1 + its children's, in-flight paths included)."""
-    q = value_sum / visits if visits > 0 else 0.0
+def puct_score(value_sum, visits, prior, parent_visits, c_puct, first_play):
+    """AlphaGo Zero's PUCT: Q + c_puct P sqrt(N_parent) / (1 + N), Q = W / N and ``first_play`` for an unvisited
+    child (AlphaGo Zero's 0, or ``first_play_value``); N_parent is the parent's own count (1 + its children's,
+    in-flight paths included)."""
+    q = value_sum / visits if visits > 0 else first_play
     return q + c_puct * prior * np.sqrt(parent_visits) / (1.0 + visits)
+
+
+@njit(cache=True)
+def first_play_value(parent_value, visited_prior, reduction):
+    """Leela Zero's and KataGo's first-play urgency: an unvisited child is valued at its parent's value for the player
+    to move, less ``reduction`` times the square root of the prior mass already visited. With AlphaGo Zero's 0 a
+    player whose search sees the position lost (every visited child below 0) tries every unvisited move before
+    revisiting any, and spreads a large search over moves its prior rules out; the reduction keeps it on the moves
+    the prior favours, and widens it only as the visited moves' prior mass grows."""
+    return parent_value - reduction * np.sqrt(visited_prior)
 
 
 @njit(cache=True)
@@ -105,19 +116,29 @@ def calibrated_resign_threshold(survivor_min_values, target: float) -> float:
 # Tree kernels.
 
 @njit(cache=True)
-def _select_child(ni, nf, node, c_puct):
-    """The child of highest PUCT score, the first of equals (children are in action order)."""
+def _select_child(ni, nf, node, c_puct, fpu_reduction):
+    """The child of highest PUCT score, the first of equals (children are in action order). ``fpu_reduction`` < 0:
+    an unvisited child's Q is 0 (AlphaGo Zero); otherwise ``first_play_value`` from the node's mean value."""
     best, best_score = -1, -np.inf
     parent_visits = nf[node, VISITS]
+    first_play = 0.0
+    if fpu_reduction >= 0:
+        visited_prior = 0.0
+        for c in range(ni[node, FIRST], ni[node, FIRST] + ni[node, COUNT]):
+            if nf[c, VISITS] > 0:
+                visited_prior += nf[c, PRIOR]
+        # The node's W is for the player who moved into it: its mover's value is the negated mean.
+        first_play = first_play_value(-nf[node, VALUE_SUM] / parent_visits, visited_prior, fpu_reduction)
     for c in range(ni[node, FIRST], ni[node, FIRST] + ni[node, COUNT]):
-        score = puct_score(nf[c, VALUE_SUM], nf[c, VISITS], nf[c, PRIOR], parent_visits, c_puct)
+        score = puct_score(nf[c, VALUE_SUM], nf[c, VISITS], nf[c, PRIOR], parent_visits, c_puct, first_play)
         if score > best_score:
             best, best_score = c, score
     return best
 
 
 @njit(cache=True)
-def _select_paths(ni, nf, roots, games, counts, c_puct, virtual_loss, paths, actions, depths, leaf_game):
+def _select_paths(ni, nf, roots, games, counts, c_puct, fpu_reduction, virtual_loss, paths, actions, depths,
+                  leaf_game):
     """``counts[i]`` paths from the root of game ``games[i]``, each to an unexpanded node, with a virtual loss on
     each path before the next descent; returns the number of paths written."""
     n = 0
@@ -127,7 +148,7 @@ def _select_paths(ni, nf, roots, games, counts, c_puct, virtual_loss, paths, act
             node, d = roots[g], 0
             paths[n, 0] = node
             while ni[node, COUNT] > 0:
-                node = _select_child(ni, nf, node, c_puct)
+                node = _select_child(ni, nf, node, c_puct, fpu_reduction)
                 actions[n, d] = ni[node, ACTION]
                 d += 1
                 paths[n, d] = node
@@ -284,8 +305,9 @@ class PUCTSearch:
         left = self.budget - self.simulations[games]
         expanded = self._ni[self.roots[games], COUNT] > 0
         counts = np.where(expanded, np.minimum(cfg.leaves_per_game, left), 1)  # the root is expanded alone first
-        n = _select_paths(self._ni, self._nf, self.roots, games, counts, cfg.c_puct, cfg.virtual_loss, self._paths,
-                          self._actions, self._depths, self._leaf_game)
+        fpu = -1.0 if cfg.fpu_reduction is None else cfg.fpu_reduction
+        n = _select_paths(self._ni, self._nf, self.roots, games, counts, cfg.c_puct, fpu, cfg.virtual_loss,
+                          self._paths, self._actions, self._depths, self._leaf_game)
         self.simulations[games] += counts
         rows = np.arange(n)
         self.leaves.copy_from(rows, self.games, self._leaf_game[:n])

@@ -17,8 +17,10 @@ Specs are ``kind`` or ``kind:key=value,...``; the kinds (``PLAYER_KINDS``; a new
   samples the opening moves so that games between two deterministic networks differ). ``leaves=K``: K paths in
   flight per search step under virtual loss, their leaves evaluated in one forward pass (default 1; what
   self-play's ``leaves_per_game`` does): at ``sec``, more simulations a move, since a step's Python and the network's pass cost
-  little more for K leaves than for one. The spec names run and version, so a ladder's results tell the versions
-  apart.
+  little more for K leaves than for one. ``fpu=R``: the first-play urgency reduction of its search
+  (``PUCTConfig.fpu_reduction``: an unvisited move valued at the position's value less R times the root of the
+  visited moves' prior mass; default the run's). The spec names run and version, so a ladder's results tell the
+  versions apart.
 
 Both rollout searches take ``uct_c`` (default 2) and ``rollouts`` (random playouts per leaf, default 1); every
 search takes either a fixed ``sims`` per move or ``sec``, wall-clock seconds per move (ELF OpenGo compares players at
@@ -229,7 +231,8 @@ class NetPlayer:
     paths in flight per search step (virtual loss), evaluated in one batch."""
 
     def __init__(self, name: str, seed: int, board_size: int, komi: float, run_dir: str, version: int,
-                 sims: int | None, seconds: float | None, c_puct: float | None, opening: int = 0, leaves: int = 1):
+                 sims: int | None, seconds: float | None, c_puct: float | None, opening: int = 0, leaves: int = 1,
+                 fpu: float | None = None):
         from hpc_rl.model.go_net import NetEvaluator  # torch: imported by ladders that rate a network only
 
         net, go = load_go_net(run_dir, version)
@@ -237,9 +240,10 @@ class NetPlayer:
             raise ValueError(f"version {version} of {run_dir} was trained on {go.board_size}x{go.board_size} at "
                              f"komi {go.komi}; this ladder plays {board_size}x{board_size} at komi {komi}")
         self.name, self.simulations = name, 0
-        self.evaluate = NetEvaluator(net)
+        self.evaluate = NetEvaluator(net, frozen=True)
         self.config = replace(evaluation_config(go.search, opening), simulations=sims or MIN_SIMULATIONS,
-                              leaves_per_game=leaves, c_puct=go.search.c_puct if c_puct is None else c_puct)
+                              leaves_per_game=leaves, c_puct=go.search.c_puct if c_puct is None else c_puct,
+                              fpu_reduction=go.search.fpu_reduction if fpu is None else fpu)
         self.seed = seed
         self.search: PUCTSearch | None = None
         self.position: GoGames | None = None  # the game being searched, copied: the search owns its games' rows
@@ -284,7 +288,8 @@ def _search_settings(kind: str, options: dict) -> tuple[float, int, int | None, 
 
 
 SEARCH_OPTIONS = {"sims": int, "sec": float, "uct_c": float, "rollouts": int}
-NET_OPTIONS = {"run": str, "version": int, "sims": int, "sec": float, "c_puct": float, "opening": int, "leaves": int}
+NET_OPTIONS = {"run": str, "version": int, "sims": int, "sec": float, "c_puct": float, "opening": int, "leaves": int,
+               "fpu": float}
 
 
 def _make_net_player(name: str, options: dict, size: int, komi: float, seed: int) -> NetPlayer:
@@ -298,8 +303,10 @@ def _make_net_player(name: str, options: dict, size: int, komi: float, seed: int
         raise ValueError(f"net: opening must be >= 0 (moves drawn at temperature 1), got {options['opening']}")
     if options.get("leaves", 1) < 1:
         raise ValueError(f"net: leaves must be >= 1 (paths in flight per search step), got {options['leaves']}")
+    if not 0 <= options.get("fpu", 0.0) <= 2:
+        raise ValueError(f"net: fpu must lie in [0, 2] (the first-play urgency reduction), got {options['fpu']}")
     return NetPlayer(name, seed, size, komi, options["run"], options["version"], sims, seconds,
-                     options.get("c_puct"), options.get("opening", 0), options.get("leaves", 1))
+                     options.get("c_puct"), options.get("opening", 0), options.get("leaves", 1), options.get("fpu"))
 
 
 PLAYER_KINDS: dict[str, PlayerKind] = {
@@ -313,13 +320,15 @@ PLAYER_KINDS: dict[str, PlayerKind] = {
 
 
 def net_spec(run_dir: str, version: int, sims: int | None = None, seconds: float | None = None,
-             opening: int = 0, leaves: int = 1) -> str:
+             opening: int = 0, leaves: int = 1, fpu: float | None = None) -> str:
     """The spec of version ``version`` of the run in ``run_dir`` at ``sims`` simulations or ``seconds`` a move, its
-    first ``opening`` moves sampled, ``leaves`` paths in flight per search step."""
+    first ``opening`` moves sampled, ``leaves`` paths in flight per search step, ``fpu`` its first-play urgency
+    reduction (None: the run's)."""
     if "," in str(run_dir):
         raise ValueError(f"{run_dir}: a run directory named in a player spec cannot hold a comma")
     return (f"net:run={run_dir},version={version}," + (f"sims={sims}" if seconds is None else f"sec={seconds}")
-            + (f",opening={opening}" if opening else "") + (f",leaves={leaves}" if leaves != 1 else ""))
+            + (f",opening={opening}" if opening else "") + (f",leaves={leaves}" if leaves != 1 else "")
+            + (f",fpu={fpu}" if fpu is not None else ""))
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
