@@ -12,7 +12,8 @@ players of that Go training run after them, oldest version first (so the self-pl
 versions): ``--versions V ...`` or ``--every K`` (every K-th committed version counted back from the newest, which
 is always in), each at ``--net-sims N`` simulations a move or ``--net-sec S`` seconds, with ``--net-opening K``
 its first K moves of a game sampled (``opening=K``), ``--net-leaves K`` paths in flight per search step
-(``leaves=K``) and ``--net-fpu R`` its first-play urgency reduction (``fpu=R``). Every pair plays ``--games`` games on ``--board-size`` (komi ``--komi``), colours
+(``leaves=K``), ``--net-fpu R`` its first-play urgency reduction (``fpu=R``) and ``--net-reuse`` its search tree
+kept between moves (``reuse=1``). Every pair plays ``--games`` games on ``--board-size`` (komi ``--komi``), colours
 alternating, seeded from ``--seed`` and the pair. ``--out`` (default ``runs/go-ladder``) keeps ``results.json``, saved
 after every game: the same command resumes where it stopped, and a ladder with a player added plays only the new
 pairs. When every game is played it commits ``evaluation.json`` (ratings and, with ``--strength AGENT OPPONENT``,
@@ -58,6 +59,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="the networks' paths in flight per search step, one batch (default 1)")
     parser.add_argument("--net-fpu", type=float, metavar="R",
                         help="the networks' first-play urgency reduction (default: each run's setting)")
+    parser.add_argument("--net-reuse", action="store_true", help="the networks keep their search trees between moves")
     args = parser.parse_args(argv)
     if (args.run is None) != (args.versions is None and args.every is None):
         parser.error("--run needs --versions or --every, and they need --run")
@@ -74,12 +76,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
             parser.error(f"{RunLayout(args.run).checkpoints} holds no committed checkpoint")
         try:
             args.players += [net_spec(str(args.run), v, args.net_sims or 64, args.net_sec, args.net_opening,
-                                     args.net_leaves, args.net_fpu)
+                                     args.net_leaves, args.net_fpu, args.net_reuse)
                              for v in sorted(set(versions))]
         except ValueError as err:
             parser.error(str(err))
-    elif args.net_sims or args.net_sec or args.net_opening or args.net_leaves != 1 or args.net_fpu is not None:
-        parser.error("--net-sims, --net-sec, --net-opening, --net-leaves and --net-fpu set the networks of --run")
+    elif (args.net_sims or args.net_sec or args.net_opening or args.net_leaves != 1 or args.net_fpu is not None
+          or args.net_reuse):
+        parser.error("--net-sims, --net-sec, --net-opening, --net-leaves, --net-fpu and --net-reuse set the networks "
+                     "of --run")
     if args.net_opening < 0:
         parser.error(f"--net-opening must be >= 0, got {args.net_opening}")
     if args.net_leaves < 1:

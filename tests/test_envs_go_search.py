@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hpc_rl.envs.go import NUM_PLANES, PASSES, GoGames, input_planes, passes_held_back
-from hpc_rl.envs.go_search import (COUNT, FIRST, PRIOR, VALUE_SUM, VISITS, Match, PUCTConfig, PUCTSearch,
+from hpc_rl.envs.go_search import (ACTION, COUNT, FIRST, PRIOR, VALUE_SUM, VISITS, Match, PUCTConfig, PUCTSearch,
                                    SelfPlay, add_virtual_loss, backup, calibrated_resign_threshold, evaluation_config,
                                    first_play_value, mix_noise, play_games, puct_score, resign_false_positives,
                                    visit_policy)
@@ -203,6 +203,48 @@ def test_first_play_urgency_keeps_a_losing_search_on_its_prior_moves():
         assert visits[:3].sum() > (30 if fpu is not None else 0)
     assert tried[None] == 26  # every legal move (25 points and the pass)
     assert tried[0.25] <= 4
+
+
+def subtree(search, node, path=()):
+    """{actions from ``node``: (N, W, P)} of every node below it, ``node`` itself at ()."""
+    out = {path: tuple(search._nf[node])}
+    first, count = search._ni[node, FIRST], search._ni[node, COUNT]
+    for c in range(first, first + count):
+        out.update(subtree(search, c, path + (int(search._ni[c, ACTION]),)))
+    return out
+
+
+def test_a_kept_subtree_carries_its_visits_into_the_next_search():
+    """descend() keeps the subtree of the position two moves on exactly (every node's visits, values and priors, by
+    its actions from the new root), frees the rest, and the next search adds its simulations to the kept visits."""
+    evaluate = LinearEvaluator(5, seed=2)
+    cfg = PUCTConfig(simulations=200, dirichlet_weight=0.0, temperature=0.0, leaves_per_game=2)
+    games = GoGames(1, 5)
+    search = PUCTSearch(cfg, [0], board_size=5)
+    first = search.search(games, [0], evaluate).actions[0]
+    before = subtree(search, search.roots[0])
+    reply = max((k for k in before if len(k) == 2 and k[0] == first), key=lambda k: before[k][1])[1]  # most visited
+    kept_before = {k[2:]: v for k, v in before.items() if k[:2] == (first, reply)}
+    assert search.descend([first, reply]) == kept_before[()][1] > 1
+    assert subtree(search, search.roots[0]) == kept_before and search._used == len(kept_before)
+    games.step([first])
+    games.step([reply])
+    choice = search.search(games, [0], evaluate, keep_tree=True)
+    assert search._nf[search.roots[0], VISITS] == kept_before[()][1] + cfg.simulations
+    assert choice.pi[0].sum() == pytest.approx(1.0) and games.legal_mask()[0, choice.actions[0]]
+    assert search.descend([choice.actions[0], 999]) == 0  # not in the tree: the next search starts afresh
+    search.search(games, [0], evaluate, keep_tree=True)
+    assert search._nf[search.roots[0], VISITS] == cfg.simulations
+
+
+def test_keeping_a_tree_is_refused_where_it_cannot_hold():
+    with pytest.raises(ValueError, match="keep_tree"):
+        PUCTSearch(PUCTConfig(simulations=4, dirichlet_weight=0.0), [0, 1], board_size=5).start(
+            GoGames(2, 5), [0, 1], keep_tree=True)
+    with pytest.raises(ValueError, match="keep_tree"):  # root noise: a kept root was expanded without it
+        PUCTSearch(PUCTConfig(simulations=4), [0], board_size=5).start(GoGames(1, 5), [0], keep_tree=True)
+    with pytest.raises(RuntimeError, match="descend"):
+        PUCTSearch(PUCTConfig(simulations=4), [0], board_size=5).descend([0])
 
 
 def test_uniform_prior_zero_value_search_finds_the_one_winning_capture():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from hpc_rl.envs.go import GoGames
+from hpc_rl.envs.go_search import VISITS
 from hpc_rl.league import go_ladder, go_players
 from hpc_rl.league.go_players import MCTSBotPlayer, make_player, net_spec, parse_spec
 from hpc_rl.league.ratings import elo_from_results, nash_average
@@ -285,6 +286,34 @@ def test_a_network_players_first_play_urgency_is_the_runs_unless_its_spec_sets_o
     assert replay(moves).legal_mask()[0, reduced.choose(replay(moves), 0, moves)]
     with pytest.raises(ValueError, match="fpu must lie in"):
         make_player(net_spec(str(layout.root), 1, sims=8, fpu=-0.1), go.board_size, go.komi, 0)
+
+
+def test_a_network_player_keeps_its_tree_through_a_game_and_drops_it_for_another(tmp_path):
+    """reuse=1: from its second move on the player's root holds the visits its last search spent below the two moves
+    since played, plus this move's simulations; a position that does not follow its last one starts afresh."""
+    layout, go = go_run(tmp_path)
+    spec = net_spec(str(layout.root), 2, sims=24, reuse=True)
+    assert spec.endswith("sims=24,reuse=1")
+    player, plain = (make_player(s, go.board_size, go.komi, seed=0) for s in (spec, net_spec(str(layout.root), 2,
+                                                                                            sims=24)))
+    moves, roots = [], []
+    games = GoGames(1, go.board_size, go.komi)
+    while not games.terminal[0] and len(moves) < 12:
+        for p in (player, plain):  # the player alternates colours with a player that keeps nothing
+            if games.terminal[0]:
+                break
+            action = p.choose(games, 0, moves)
+            assert games.legal_mask()[0, action]
+            if p is player:
+                roots.append(player.search._nf[player.search.roots[0], VISITS])
+            games.step([action])
+            moves.append(action)
+    assert roots[0] == 24 and max(roots[1:]) > 24 and player.simulations == 24 * len(roots)
+    fresh = GoGames(1, go.board_size, go.komi)
+    player.choose(fresh, 0, [])  # another game: nothing kept
+    assert player.search._nf[player.search.roots[0], VISITS] == 24
+    with pytest.raises(ValueError, match="reuse must be 0 or 1"):
+        make_player(spec.replace("reuse=1", "reuse=2"), go.board_size, go.komi, 0)
 
 
 def test_sampled_openings_make_two_networks_games_differ_and_replay_from_their_seeds(tmp_path):

@@ -203,6 +203,27 @@ def _expand_and_backup(ni, nf, used, paths, depths, n, values, eval_row, legal, 
 
 
 @njit(cache=True)
+def _copy_subtree(ni, nf, node, out_ni, out_nf, source):
+    """The subtree under ``node`` into ``out_ni`` / ``out_nf`` breadth first, ``node`` at 0 and each node's children
+    contiguous in action order as before; ``source``: scratch of the same length. Returns the nodes copied."""
+    out_ni[0, :] = ni[node, :]
+    out_nf[0, :] = nf[node, :]
+    source[0] = node
+    n, i = 1, 0
+    while i < n:
+        first, count = ni[source[i], FIRST], ni[source[i], COUNT]
+        if count > 0:
+            out_ni[i, FIRST] = n
+            for j in range(count):
+                out_ni[n + j, :] = ni[first + j, :]
+                out_nf[n + j, :] = nf[first + j, :]
+                source[n + j] = first + j
+            n += count
+        i += 1
+    return n
+
+
+@njit(cache=True)
 def _root_stats(ni, nf, roots, games, visits, values):
     """Per game ``games[i]``: its root children's visits by action into ``visits[i]``, and into ``values[i]`` the
     larger of the root's value and its most visited child's, for the player to move (AlphaGo Zero's resignation)."""
@@ -263,12 +284,19 @@ class PUCTSearch:
         self.games: GoGames | None = None
         self.leaf_games = np.zeros(0, dtype=np.int64)  # the game of each leaf the last select() returned
         self._pending = None
+        self._kept = False  # descend() kept a subtree for the next start(keep_tree=True)
 
-    def start(self, games: GoGames, rows, simulations: int | None = None, noise: bool = True) -> None:
+    def start(self, games: GoGames, rows, simulations: int | None = None, noise: bool = True,
+              keep_tree: bool = False) -> None:
         """Begin a move's search in games ``rows`` (unfinished) of ``games``, which stays unchanged until ``choose``:
         ``simulations`` per game (default the config's), root noise as the config says or, with ``noise`` False,
-        none (playout cap randomisation's fast searches)."""
+        none (playout cap randomisation's fast searches). ``keep_tree``: a search of one game goes on from the tree
+        ``descend`` kept (the caller's ``games`` must hold that node's position), adding ``simulations`` to its
+        visits; without a kept tree it starts afresh."""
         rows = np.atleast_1d(np.asarray(rows, dtype=np.int64))
+        if keep_tree and (self.num_games != 1 or noise and self.config.dirichlet_weight > 0):
+            raise ValueError("keep_tree is for the search of one game without root noise (a kept root was expanded "
+                             "without it)")
         if (games.num_games, games.size, games.komi, games.max_game_length) != (
                 self.num_games, self.leaves.size, self.leaves.komi, self.leaves.max_game_length):
             raise ValueError("the games must match the search's number of games (seeds), board size, komi and "
@@ -282,11 +310,40 @@ class PUCTSearch:
         if self.budget < 2:
             raise ValueError(f"a search needs >= 2 simulations (the first expands the root), got {self.budget}")
         self.noise = noise
+        self.simulations[rows] = 0
+        if keep_tree and self._kept:
+            self._kept = False
+            return
         self.roots[rows] = np.arange(len(rows))
         self._used = len(rows)
         self._ni[:len(rows)] = (-1, -1, 0)
         self._nf[:len(rows)] = 0.0
-        self.simulations[rows] = 0
+        self._kept = False
+
+    def descend(self, actions) -> int:
+        """Keep, for the next ``start(..., keep_tree=True)``, the subtree of the position that ``actions`` (the moves
+        played since the last search's root, in order) lead to, and free the rest of the tree (a search of one game).
+        Returns the visits kept at the new root: 0 when the search never expanded that position, and the next search
+        then starts afresh. Keeping the tree between moves (AlphaGo Zero, Leela Zero, KataGo) carries the visits the
+        last search spent below the moves since played into the next one."""
+        if self.num_games != 1 or self._pending is not None or self.games is None:
+            raise RuntimeError("descend() after a finished search of one game")
+        node = self.roots[0]
+        for a in actions:
+            first, count = self._ni[node, FIRST], self._ni[node, COUNT]
+            children = np.flatnonzero(self._ni[first:first + count, ACTION] == a) if count > 0 else []
+            if len(children) == 0:
+                self._kept = False
+                return 0
+            node = first + int(children[0])
+        if self._ni[node, COUNT] == 0:
+            self._kept = False
+            return 0
+        out_ni, out_nf = np.empty_like(self._ni[:self._used]), np.empty_like(self._nf[:self._used])
+        n = _copy_subtree(self._ni, self._nf, node, out_ni, out_nf, np.empty(self._used, dtype=np.int64))
+        self._ni[:n], self._nf[:n] = out_ni[:n], out_nf[:n]
+        self._used, self.roots[0], self._kept = n, 0, True
+        return int(self._nf[0, VISITS])
 
     @property
     def done(self) -> bool:
@@ -377,10 +434,10 @@ class PUCTSearch:
         pi = visit_policy(visits, 1.0).astype(np.float32)
         return MoveChoice(self.rows.copy(), actions, pi, values)
 
-    def search(self, games: GoGames, rows, evaluate) -> MoveChoice:
+    def search(self, games: GoGames, rows, evaluate, keep_tree: bool = False) -> MoveChoice:
         """A whole move's search in one process: ``evaluate(planes, legal) -> (priors, values)`` answers each step's
-        batch (a step whose paths all ended games has none to answer)."""
-        self.start(games, rows)
+        batch (a step whose paths all ended games has none to answer); ``keep_tree`` as for ``start``."""
+        self.start(games, rows, keep_tree=keep_tree)
         while not self.done:
             planes, legal = self.select()
             if len(planes):

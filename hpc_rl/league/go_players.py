@@ -19,7 +19,9 @@ Specs are ``kind`` or ``kind:key=value,...``; the kinds (``PLAYER_KINDS``; a new
   self-play's ``leaves_per_game`` does): at ``sec``, more simulations a move, since a step's Python and the network's pass cost
   little more for K leaves than for one. ``fpu=R``: the first-play urgency reduction of its search
   (``PUCTConfig.fpu_reduction``: an unvisited move valued at the position's value less R times the root of the
-  visited moves' prior mass; default the run's). The spec names run and version, so a ladder's results tell the
+  visited moves' prior mass; default the run's). ``reuse=1``: the search tree is kept between moves of a game,
+  the subtree of the position reached carrying its visits into the next search (``PUCTSearch.descend``), which adds
+  its ``sims`` (or its paced count) to them. The spec names run and version, so a ladder's results tell the
   versions apart.
 
 Both rollout searches take ``uct_c`` (default 2) and ``rollouts`` (random playouts per leaf, default 1); every
@@ -232,7 +234,7 @@ class NetPlayer:
 
     def __init__(self, name: str, seed: int, board_size: int, komi: float, run_dir: str, version: int,
                  sims: int | None, seconds: float | None, c_puct: float | None, opening: int = 0, leaves: int = 1,
-                 fpu: float | None = None):
+                 fpu: float | None = None, reuse: bool = False):
         from hpc_rl.model.go_net import NetEvaluator  # torch: imported by ladders that rate a network only
 
         net, go = load_go_net(run_dir, version)
@@ -244,9 +246,10 @@ class NetPlayer:
         self.config = replace(evaluation_config(go.search, opening), simulations=sims or MIN_SIMULATIONS,
                               leaves_per_game=leaves, c_puct=go.search.c_puct if c_puct is None else c_puct,
                               fpu_reduction=go.search.fpu_reduction if fpu is None else fpu)
-        self.seed = seed
+        self.seed, self.reuse = seed, reuse
         self.search: PUCTSearch | None = None
         self.position: GoGames | None = None  # the game being searched, copied: the search owns its games' rows
+        self.root_moves: list[int] | None = None  # the moves to the last searched position (reuse)
         self.pace = Pace(seconds, NET_PROBE_SIMULATIONS) if seconds is not None else None
 
     def choose(self, games: GoGames, row: int, moves: Sequence[int]) -> int:
@@ -254,11 +257,20 @@ class NetPlayer:
             self.position = GoGames(1, games.size, games.komi, games.max_game_length)
             self.search = PUCTSearch(self.config, [self.seed], games.size, games.komi, games.max_game_length)
         self.position.copy_from([0], games, [row])
+        moves = [int(a) for a in moves]
+        keep = False
+        if self.reuse and self.root_moves is not None and moves[:len(self.root_moves)] == self.root_moves:
+            keep = self.search.descend(moves[len(self.root_moves):]) > 0  # the same game, moves played since
+        self.root_moves = moves
 
         def search(sims: int) -> tuple[int, int]:
+            nonlocal keep
             self.search.config = replace(self.config, simulations=sims)
             self.simulations += sims
-            return int(self.search.search(self.position, [0], self.evaluate).actions[0]), sims
+            action = int(self.search.search(self.position, [0], self.evaluate, keep_tree=keep).actions[0])
+            if self.reuse:  # a second search of this position (the pace's probe, then the move's) goes on from it
+                keep = self.search.descend([]) > 0
+            return action, sims
 
         if self.pace is None:
             return search(self.config.simulations)[0]
@@ -289,7 +301,7 @@ def _search_settings(kind: str, options: dict) -> tuple[float, int, int | None, 
 
 SEARCH_OPTIONS = {"sims": int, "sec": float, "uct_c": float, "rollouts": int}
 NET_OPTIONS = {"run": str, "version": int, "sims": int, "sec": float, "c_puct": float, "opening": int, "leaves": int,
-               "fpu": float}
+               "fpu": float, "reuse": int}
 
 
 def _make_net_player(name: str, options: dict, size: int, komi: float, seed: int) -> NetPlayer:
@@ -305,8 +317,11 @@ def _make_net_player(name: str, options: dict, size: int, komi: float, seed: int
         raise ValueError(f"net: leaves must be >= 1 (paths in flight per search step), got {options['leaves']}")
     if not 0 <= options.get("fpu", 0.0) <= 2:
         raise ValueError(f"net: fpu must lie in [0, 2] (the first-play urgency reduction), got {options['fpu']}")
+    if options.get("reuse", 0) not in (0, 1):
+        raise ValueError(f"net: reuse must be 0 or 1 (keep the search tree between moves), got {options['reuse']}")
     return NetPlayer(name, seed, size, komi, options["run"], options["version"], sims, seconds,
-                     options.get("c_puct"), options.get("opening", 0), options.get("leaves", 1), options.get("fpu"))
+                     options.get("c_puct"), options.get("opening", 0), options.get("leaves", 1), options.get("fpu"),
+                     bool(options.get("reuse", 0)))
 
 
 PLAYER_KINDS: dict[str, PlayerKind] = {
@@ -320,15 +335,15 @@ PLAYER_KINDS: dict[str, PlayerKind] = {
 
 
 def net_spec(run_dir: str, version: int, sims: int | None = None, seconds: float | None = None,
-             opening: int = 0, leaves: int = 1, fpu: float | None = None) -> str:
+             opening: int = 0, leaves: int = 1, fpu: float | None = None, reuse: bool = False) -> str:
     """The spec of version ``version`` of the run in ``run_dir`` at ``sims`` simulations or ``seconds`` a move, its
     first ``opening`` moves sampled, ``leaves`` paths in flight per search step, ``fpu`` its first-play urgency
-    reduction (None: the run's)."""
+    reduction (None: the run's), ``reuse`` its search tree kept between moves."""
     if "," in str(run_dir):
         raise ValueError(f"{run_dir}: a run directory named in a player spec cannot hold a comma")
     return (f"net:run={run_dir},version={version}," + (f"sims={sims}" if seconds is None else f"sec={seconds}")
             + (f",opening={opening}" if opening else "") + (f",leaves={leaves}" if leaves != 1 else "")
-            + (f",fpu={fpu}" if fpu is not None else ""))
+            + (f",fpu={fpu}" if fpu is not None else "") + (",reuse=1" if reuse else ""))
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
