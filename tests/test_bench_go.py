@@ -18,8 +18,8 @@ def test_go_bench_measures_all_three_searches_and_plays_the_match(tmp_path):
     assert r["strength"] is None and "no committed evaluation" in r["strength_source"]
     assert r["positions"] == 2 and all(2 <= n < 6 for n in r["opening_moves"])
     assert r["ours_simulations"] == 2 * 20  # no root is solved this early
-    for key in ("rollout_mcts_sims_per_s", "openspiel_cpp_mcts_sims_per_s", "openspiel_mcts_sims_per_s",
-                "rollout_mcts_sims_per_s_on_python_positions", "ours_vs_openspiel_cpp", "ours_vs_openspiel_python"):
+    for key in ("rollout_mcts_sims_per_s", "openspiel_mcts_sims_per_s", "openspiel_python_mcts_sims_per_s",
+                "rollout_mcts_sims_per_s_on_python_positions", "ours_vs_openspiel", "ours_vs_openspiel_python"):
         assert r[key] > 0, key
     assert (r["rollouts_per_leaf"], r["simulations_per_search"], r["python_positions"]) == (2, 20, 1)
     assert r["guided_simulations_run"] == 3 * 1 * 4 and 1 <= r["guided_batch_size"] <= 3 * 2

@@ -6,10 +6,11 @@ komi 7.5), are searched once each by:
 
 - ours: ``RolloutMCTS`` (compiled, one thread) → ``rollout_mcts_sims_per_s``;
 - OpenSpiel's C++ ``MCTSBot`` with its C++ ``RandomRolloutEvaluator`` on its C++ game, through pyspiel
-  (``pyspiel.MCTSBot``) → ``openspiel_cpp_mcts_sims_per_s``;
+  (``pyspiel.MCTSBot``) → ``openspiel_mcts_sims_per_s``, the reference of the goal ``ours_vs_openspiel`` >= 1;
 - OpenSpiel's Python ``MCTSBot`` (``open_spiel.python.algorithms.mcts``) with its ``RandomRolloutEvaluator`` over
-  the C++ game's states → ``openspiel_mcts_sims_per_s``; it is slow, so it searches the first ``--python-positions``
-  positions only, and ``rollout_mcts_sims_per_s_on_python_positions`` is ours on the same ones for its ratio.
+  the C++ game's states → ``openspiel_python_mcts_sims_per_s``; it is slow, so it searches the first
+  ``--python-positions`` positions only, and ``rollout_mcts_sims_per_s_on_python_positions`` is ours on the same ones
+  for its ratio ``ours_vs_openspiel_python``.
 
 Equal work: the same ``--simulations`` per search, ``--rollouts`` random playouts per leaf, ``uct_c`` and solving
 (MCTS-Solver on, OpenSpiel's default), on the same positions, searched one after the other position by position so
@@ -251,14 +252,14 @@ def run(args) -> dict:
     result = {"board_size": size, "komi": KOMI, "positions": len(openings),
               "opening_moves": [len(a) for a in openings], "simulations_per_search": args.simulations,
               "rollouts_per_leaf": args.rollouts, "uct_c": args.uct_c, "solve": True,
-              "rollout_mcts_sims_per_s": ours_rate, "openspiel_cpp_mcts_sims_per_s": cpp_rate,
-              "ours_vs_openspiel_cpp": ours_rate / cpp_rate,
+              "rollout_mcts_sims_per_s": ours_rate, "openspiel_mcts_sims_per_s": cpp_rate,
+              "ours_vs_openspiel": ours_rate / cpp_rate,
               "ours_simulations": int(sum(sims["ours"])), "python_positions": args.python_positions}
     if args.python_positions:
         n = args.python_positions
         ours_subset = sum(sims["ours"][:n]) / sum(seconds["ours"][:n])
         python_rate = sum(sims["python"]) / sum(seconds["python"])
-        result.update({"openspiel_mcts_sims_per_s": python_rate,
+        result.update({"openspiel_python_mcts_sims_per_s": python_rate,
                        "rollout_mcts_sims_per_s_on_python_positions": ours_subset,
                        "ours_vs_openspiel_python": ours_subset / python_rate})
     result.update(guided_search(args))
