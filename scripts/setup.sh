@@ -63,7 +63,8 @@ fi
 "$PY" -c "from hpc_rl.envs.go_search import warm_up; warm_up()" || fail "the Go search's kernels do not compile"
 
 # --- 5. check -----------------------------------------------------------------------------------
-"$PY" -c "import horovod.torch, mpi4py, h5py, hydra, submitit, torch, gymnasium, pettingzoo, mpe2, pyspiel, hpc_rl, hpc_rl.transport._ring" \
+"$PY" -c "import horovod.torch, mpi4py, h5py, hydra, submitit, torch, gymnasium, pettingzoo, mpe2, pyspiel, onnxruntime, \
+onnxscript, hpc_rl, hpc_rl.transport._ring" \
   || fail "a package does not import"
 check=$("$VENV/bin/horovodrun" --check-build)
 controllers=$(echo "$check" | sed -n '/Available Controllers/,/Available Tensor/p')

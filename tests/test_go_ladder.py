@@ -198,7 +198,8 @@ def test_the_go_benchmark_reports_the_committed_strength(tmp_path):
     (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
     args = Namespace(board_size=5, positions=1, opening_moves=(2, 4), simulations=4, rollouts=1, uct_c=2.0,
                      python_positions=0, match_games=0, seed=0, guided_games=2, guided_moves=1,
-                     guided_simulations=2, guided_leaves=1, guided_blocks=1, guided_filters=4, evaluation=str(tmp_path))
+                     guided_simulations=2, guided_leaves=1, guided_blocks=1, guided_filters=4, ladder_simulations=2,
+                     ladder_leaves=1, ladder_blocks=1, ladder_filters=4, evaluation=str(tmp_path))
     result = bench.run(args)
     assert result["strength"] == evaluation["strength"]
     assert set(result["strength"]) >= {"opponent", "games", "wins", "win_rate", "ci95"}

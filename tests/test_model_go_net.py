@@ -7,7 +7,8 @@ import torch
 from hpc_rl.envs.go import BLACK, EMPTY, NUM_PLANES, WHITE, GoGames, input_planes
 from hpc_rl.model.config import GoNetConfig
 from hpc_rl.envs.go_search import ownership_targets
-from hpc_rl.model.go_net import GoNet, NetEvaluator, alphazero_loss, ownership_loss
+from hpc_rl.model.go_net import (FrozenNetEvaluator, GoNet, NetEvaluator, alphazero_loss, legal_softmax,
+                                 ownership_loss)
 
 
 def test_planes_show_the_board_to_the_player_to_move():
@@ -114,7 +115,8 @@ def test_ownership_targets_take_the_player_to_moves_view():
 
 
 def test_a_frozen_evaluator_gives_the_networks_priors_and_values():
-    """``frozen=True`` (a ladder's player) folds batch norm into the convolutions: the same numbers up to rounding."""
+    """``FrozenNetEvaluator`` (a ladder's player: the network exported to ONNX Runtime, batch norm folded into the
+    convolutions) gives ``NetEvaluator``'s numbers up to rounding, at any batch size (the export's batch is 2)."""
     torch.manual_seed(0)
     net = GoNet(GoNetConfig(blocks=2, filters=8), 5)
     net.train()
@@ -123,7 +125,21 @@ def test_a_frozen_evaluator_gives_the_networks_priors_and_values():
     planes = np.random.default_rng(0).random((6, NUM_PLANES, 5, 5), dtype=np.float32)
     legal = np.ones((6, 26), dtype=bool)
     legal[:, ::4] = False
-    plain, frozen = NetEvaluator(net)(planes, legal), NetEvaluator(net, frozen=True)(planes, legal)
-    np.testing.assert_allclose(frozen[0], plain[0], atol=1e-6)
-    np.testing.assert_allclose(frozen[1], plain[1], atol=1e-6)
-    assert (frozen[0][~legal] == 0).all() and np.abs(plain[1]).max() > 0
+    evaluator = FrozenNetEvaluator(net)
+    for rows in (slice(0, 1), slice(0, 6)):
+        plain, frozen = NetEvaluator(net)(planes[rows], legal[rows]), evaluator(planes[rows], legal[rows])
+        np.testing.assert_allclose(frozen[0], plain[0], atol=1e-6)
+        np.testing.assert_allclose(frozen[1], plain[1], atol=1e-6)
+        assert (frozen[0][~legal[rows]] == 0).all() and np.abs(plain[1]).max() > 0
+
+
+def test_legal_softmax_matches_a_slow_reference():
+    rng = np.random.default_rng(1)
+    logits, legal = rng.normal(size=(5, 7)) * 30, rng.random((5, 7)) < 0.5
+    legal[:, -1] = True  # pass
+    out = legal_softmax(logits, legal)
+    for row in range(5):
+        idx = np.flatnonzero(legal[row])
+        expected = np.zeros(7)
+        expected[idx] = [np.exp(logits[row, i]) / sum(np.exp(logits[row, j]) for j in idx) for i in idx]
+        np.testing.assert_allclose(out[row], expected, rtol=1e-12, atol=1e-300)

@@ -32,6 +32,13 @@ the same load → ``net_positions_per_s``: the search's overhead is the gap betw
 searched with uniform priors and zero values in place of the network → ``search_only_sims_per_s``, the search's own
 cost.
 
+Evaluation play (a ladder's ``net`` player: one game searched at a time, ``--ladder-leaves`` leaves in flight, default
+8): the positions above, each searched by ``--ladder-simulations`` simulations (default 256) with a
+``--ladder-blocks`` x ``--ladder-filters`` ResNet (default 4 x 32, go9's) of random weights, evaluated by PyTorch
+(``NetEvaluator``, what the inference ranks run) and by ONNX Runtime (``FrozenNetEvaluator``, what a ladder's player
+runs), the two one after the other position by position: ``ladder_sims_per_s_torch``, ``ladder_sims_per_s_onnx``
+and their ratio ``ladder_onnx_vs_torch``.
+
 ``--match-games N`` (default 0) adds a strength check: ours against the C++ bot at equal simulations, N games,
 colours alternating, from the empty board (``match``: wins, losses and draws of ours).
 
@@ -49,6 +56,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMB
     os.environ[_var] = "1"  # one core, before numpy and numba start their pools
 
 import time  # noqa: E402
+from dataclasses import replace  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -76,6 +84,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--guided-leaves", type=int, default=1, help="leaves in flight per game and step")
     parser.add_argument("--guided-blocks", type=int, default=6, help="residual blocks of the network")
     parser.add_argument("--guided-filters", type=int, default=64, help="filters of the network")
+    parser.add_argument("--ladder-simulations", type=int, default=256, help="simulations per evaluation search")
+    parser.add_argument("--ladder-leaves", type=int, default=8, help="leaves in flight per evaluation search step")
+    parser.add_argument("--ladder-blocks", type=int, default=4, help="residual blocks of the evaluated network")
+    parser.add_argument("--ladder-filters", type=int, default=32, help="filters of the evaluated network")
     parser.add_argument("--evaluation", default="runs/go-ladder",
                         help="directory of the committed evaluation that `strength` reports (jobs/go_ladder.py --out)")
 
@@ -95,12 +107,16 @@ def check_arguments(args) -> None:
         raise ValueError(f"--python-positions must lie in [0, --positions], got {args.python_positions}")
     if args.match_games < 0:
         raise ValueError(f"--match-games must be >= 0, got {args.match_games}")
-    for name in ("guided_games", "guided_moves", "guided_leaves", "guided_filters"):
+    for name in ("guided_games", "guided_moves", "guided_leaves", "guided_filters", "ladder_leaves",
+                 "ladder_filters"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.guided_simulations < 2 or args.guided_blocks < 0:
         raise ValueError(f"--guided-simulations must be >= 2 and --guided-blocks >= 0, got "
                          f"{args.guided_simulations}, {args.guided_blocks}")
+    if args.ladder_simulations < 2 or args.ladder_blocks < 0:
+        raise ValueError(f"--ladder-simulations must be >= 2 and --ladder-blocks >= 0, got "
+                         f"{args.ladder_simulations}, {args.ladder_blocks}")
     if not 0 <= args.seed < 2**31:
         raise ValueError(f"--seed must be in [0, 2**31), got {args.seed}")
 
@@ -212,6 +228,39 @@ def guided_search(args) -> dict:
             "guided_net": f"{args.guided_blocks}x{args.guided_filters}"}
 
 
+def ladder_search(args, openings: list[list[int]]) -> dict:
+    """Evaluation play's simulations per second, the network in PyTorch and in ONNX Runtime, on the same positions."""
+    import torch
+
+    from hpc_rl.envs.go_search import PUCTConfig, PUCTSearch, evaluation_config
+    from hpc_rl.model.config import GoNetConfig
+    from hpc_rl.model.go_net import FrozenNetEvaluator, GoNet, NetEvaluator
+
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    size = args.board_size
+    net = GoNet(GoNetConfig(args.ladder_blocks, args.ladder_filters), size)
+    evaluators = {"torch": NetEvaluator(net), "onnx": FrozenNetEvaluator(net)}
+    config = replace(evaluation_config(PUCTConfig()), simulations=args.ladder_simulations,
+                     leaves_per_game=args.ladder_leaves)
+    searches = {name: PUCTSearch(config, [args.seed], size, KOMI) for name in evaluators}
+    for name, search in searches.items():  # compiled (or loaded from numba's cache) and warmed untimed
+        search.search(GoGames(1, size, KOMI), [0], evaluators[name])
+    seconds = dict.fromkeys(evaluators, 0.0)
+    for actions in openings:
+        games = GoGames(1, size, KOMI)
+        for a in actions:
+            games.step([a])
+        for name, search in searches.items():
+            start = time.perf_counter()
+            search.search(games, [0], evaluators[name])
+            seconds[name] += time.perf_counter() - start
+    rates = {name: len(openings) * args.ladder_simulations / seconds[name] for name in evaluators}
+    return {"ladder_sims_per_s_torch": rates["torch"], "ladder_sims_per_s_onnx": rates["onnx"],
+            "ladder_onnx_vs_torch": rates["onnx"] / rates["torch"], "ladder_simulations": args.ladder_simulations,
+            "ladder_leaves": args.ladder_leaves, "ladder_net": f"{args.ladder_blocks}x{args.ladder_filters}"}
+
+
 def run(args) -> dict:
     check_arguments(args)
     import pyspiel
@@ -263,6 +312,7 @@ def run(args) -> dict:
                        "rollout_mcts_sims_per_s_on_python_positions": ours_subset,
                        "ours_vs_openspiel_python": ours_subset / python_rate})
     result.update(guided_search(args))
+    result.update(ladder_search(args, openings))
     result["strength"], result["strength_source"] = latest_strength(args.evaluation)
     if args.match_games:
         result["match"] = play_match(game, size, args.match_games, args.simulations, args.rollouts, args.uct_c,

@@ -235,14 +235,14 @@ class NetPlayer:
     def __init__(self, name: str, seed: int, board_size: int, komi: float, run_dir: str, version: int,
                  sims: int | None, seconds: float | None, c_puct: float | None, opening: int = 0, leaves: int = 1,
                  fpu: float | None = None, reuse: bool = False):
-        from hpc_rl.model.go_net import NetEvaluator  # torch: imported by ladders that rate a network only
+        from hpc_rl.model.go_net import FrozenNetEvaluator  # torch: imported by ladders that rate a network only
 
         net, go = load_go_net(run_dir, version)
         if (board_size, komi) != (go.board_size, go.komi):
             raise ValueError(f"version {version} of {run_dir} was trained on {go.board_size}x{go.board_size} at "
                              f"komi {go.komi}; this ladder plays {board_size}x{board_size} at komi {komi}")
         self.name, self.simulations = name, 0
-        self.evaluate = NetEvaluator(net, frozen=True)
+        self.evaluate = FrozenNetEvaluator(net)
         self.config = replace(evaluation_config(go.search, opening), simulations=sims or MIN_SIMULATIONS,
                               leaves_per_game=leaves, c_puct=go.search.c_puct if c_puct is None else c_puct,
                               fpu_reduction=go.search.fpu_reduction if fpu is None else fpu)

@@ -89,18 +89,11 @@ def ownership_loss(ownership_logits: torch.Tensor, target: torch.Tensor, scored:
 
 class NetEvaluator:
     """``evaluate(planes, legal) -> (priors, values)`` for ``PUCTSearch``: the network in eval mode (batch norm's
-    running statistics, so a position's evaluation does not depend on its batch), softmax over the legal moves."""
+    running statistics, so a position's evaluation does not depend on its batch), softmax over the legal moves. What
+    the inference ranks run: it reads the network's current weights at every call, on its device."""
 
-    def __init__(self, net: GoNet, device: torch.device | str = "cpu", frozen: bool = False):
+    def __init__(self, net: GoNet, device: torch.device | str = "cpu"):
         self.net, self.device = net.eval(), torch.device(device)
-        if frozen:
-            # Weights that never change (a ladder's player): TorchScript folds batch norm into the convolutions and
-            # picks oneDNN's kernels; on one CPU thread a 4x32 network's batch of 8 took 0.70-0.75 of the time
-            # (folding alone: 0.93; channels-last: 0.98). torch 2.13 deprecates TorchScript for torch.compile, which
-            # needs a C++ compiler on the node and compiles again for every batch size.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                self.net = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.script(self.net)))
 
     def __call__(self, planes: np.ndarray, legal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         with torch.inference_mode():
@@ -108,3 +101,45 @@ class NetEvaluator:
             legal_t = torch.from_numpy(legal).to(self.device)
             priors = torch.softmax(logits.masked_fill(~legal_t, -torch.inf), dim=1)
         return priors.cpu().numpy(), value.cpu().numpy()
+
+
+def legal_softmax(logits: np.ndarray, legal: np.ndarray) -> np.ndarray:
+    """Softmax of each row's ``logits`` over its ``legal`` entries (every row has one: pass), 0 elsewhere."""
+    masked = np.where(legal, logits, -np.inf)
+    e = np.exp(masked - masked.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+class FrozenNetEvaluator:
+    """``NetEvaluator``'s answers for weights that never change (a ladder's player) on one CPU thread, from ONNX
+    Runtime: the network is exported once to ONNX (``torch.onnx.export``), whose optimiser folds batch norm into the
+    convolutions. A search's batches are small (1 to 8 leaves), where a PyTorch call's fixed cost is most of its
+    time: a 4x32 network's batch of 8 took 0.70 of TorchScript's time (frozen, batch norm folded, oneDNN), a batch
+    of one 0.2, and the search at 8 leaves ran 1.4x the simulations a second (docs/go.md, "Strength")."""
+
+    def __init__(self, net: GoNet):
+        import logging
+
+        import onnxruntime
+
+        exporter_log = logging.getLogger("torch.onnx")
+        level = exporter_log.level
+        exporter_log.setLevel(logging.ERROR)  # it lists the torchvision ops it skips registering: none are used
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                program = torch.onnx.export(
+                    net.eval(), (torch.zeros(2, NUM_PLANES, net.board_size, net.board_size),), dynamo=True,
+                    input_names=["planes"], output_names=["logits", "value"],
+                    dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False)
+        finally:
+            exporter_log.setLevel(level)
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1  # one core per player, as its opponents
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = onnxruntime.InferenceSession(program.model_proto.SerializeToString(), options,
+                                                    providers=["CPUExecutionProvider"])
+
+    def __call__(self, planes: np.ndarray, legal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        logits, value = self.session.run(None, {"planes": np.ascontiguousarray(planes, dtype=np.float32)})
+        return legal_softmax(logits, legal), value
