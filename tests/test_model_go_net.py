@@ -143,3 +143,15 @@ def test_legal_softmax_matches_a_slow_reference():
         expected = np.zeros(7)
         expected[idx] = [np.exp(logits[row, i]) / sum(np.exp(logits[row, j]) for j in idx) for i in idx]
         np.testing.assert_allclose(out[row], expected, rtol=1e-12, atol=1e-300)
+
+
+def test_a_frozen_evaluator_keeps_saturated_values_in_range():
+    """ONNX Runtime's tanh gives 1.0000001 for some inputs where PyTorch's gives 1 (seen with this network at
+    seed 0): a value head driven into saturation still answers values in [-1, 1], as the search requires."""
+    torch.manual_seed(0)
+    net = GoNet(GoNetConfig(blocks=1, filters=8), 5).eval()
+    with torch.no_grad():
+        net.value_fc[2].weight.mul_(120.0)
+    planes = np.random.default_rng(0).random((512, NUM_PLANES, 5, 5), dtype=np.float32)
+    _, values = FrozenNetEvaluator(net)(planes, np.ones((512, 26), dtype=bool))
+    assert np.abs(values).max() <= 1.0 and np.abs(values).max() > 0.9999

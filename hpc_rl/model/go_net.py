@@ -142,4 +142,6 @@ class FrozenNetEvaluator:
 
     def __call__(self, planes: np.ndarray, legal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         logits, value = self.session.run(None, {"planes": np.ascontiguousarray(planes, dtype=np.float32)})
-        return legal_softmax(logits, legal), value
+        # The runtime's tanh is an approximation that reaches 1.0000001 where it saturates; the search takes values
+        # in [-1, 1] only.
+        return legal_softmax(logits, legal), np.clip(value, -1.0, 1.0)
