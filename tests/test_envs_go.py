@@ -5,7 +5,8 @@ import numpy as np
 import pyspiel
 import pytest
 
-from hpc_rl.envs.go import BLACK, EMPTY, WHITE, GoGames, RolloutMCTS
+from hpc_rl.envs.go import (BLACK, EMPTY, NUM_SYMMETRIES, WHITE, GoGames, RolloutMCTS, input_planes, symmetry_boards,
+                            symmetry_points)
 
 # A 5x5 game of random moves that ends by positional superko on move 22 (its last stone recreates an earlier board).
 SUPERKO_GAME = [8, 24, 0, 25, 7, 19, 22, 1, 16, 10, 12, 6, 3, 9, 2, 13, 11, 18, 23, 4, 14, 9]
@@ -214,6 +215,61 @@ def test_clone_and_copy_are_independent_games():
     assert np.array_equal(games.boards()[0], copy.boards()[0]) and games.move_number[0] == copy.move_number[0]
     play(games, [6], row=0)
     assert copy.boards()[0].ravel()[6] == EMPTY
+
+
+# --- the board's symmetries ------------------------------------------------------------------------------------------
+
+def slow_symmetry_point(row: int, col: int, size: int, k: int) -> tuple[int, int]:
+    """Where symmetry ``k`` takes the point (row, col): k % 4 counter-clockwise quarter turns of the board (a turn
+    takes (r, c) to (size - 1 - c, r)), then the transpose (r, c) -> (c, r) when k >= 4."""
+    for _ in range(k % 4):
+        row, col = size - 1 - col, row
+    return (col, row) if k >= 4 else (row, col)
+
+
+@pytest.mark.parametrize("size", [5, 9])
+def test_symmetries_move_each_point_as_a_slow_reference_and_are_the_eight_of_the_square(size):
+    board = np.arange(size * size).reshape(size, size)
+    images = set()
+    for k in range(NUM_SYMMETRIES):
+        expected = np.empty_like(board)
+        for r in range(size):
+            for c in range(size):
+                expected[slow_symmetry_point(r, c, size, k)] = board[r, c]
+        assert np.array_equal(symmetry_boards(board, k), expected)
+        assert np.array_equal(symmetry_boards(np.stack([board, -board])[:, None], k)[1, 0], -expected)  # leading axes
+        with_pass = symmetry_points(np.arange(size * size + 1), size, k)
+        assert np.array_equal(with_pass[:-1], expected.ravel()) and with_pass[-1] == size * size  # the pass stays
+        images.add(expected.tobytes())
+    assert len(images) == NUM_SYMMETRIES
+    with pytest.raises(ValueError, match="symmetry"):
+        symmetry_boards(board, 8)
+    with pytest.raises(ValueError, match="entries"):
+        symmetry_points(np.zeros(size * size + 2), size, 0)
+
+
+def test_a_game_played_in_a_symmetry_is_the_same_game_moved():
+    """What the learners' augmentation relies on: 8 random 7x7 games, and each replayed in another set with its
+    moves taken through symmetry g: at every move the network's planes and the legal moves are the first game's
+    moved, and the final scores and outcomes are equal."""
+    size, n = 7, NUM_SYMMETRIES
+    games, moved = GoGames(n, size), GoGames(n, size)
+    # where symmetry k sends each action: symmetry_points puts the value of action a at the image of a
+    images = [np.argsort(symmetry_points(np.arange(size * size + 1), size, k)) for k in range(n)]
+    rng = np.random.default_rng(7)
+    moves = 0
+    while not games.terminal.all():
+        planes, moved_planes = input_planes(games, np.arange(n)), input_planes(moved, np.arange(n))
+        legal, moved_legal = games.legal_mask(), moved.legal_mask()
+        for k in range(n):
+            assert np.array_equal(moved_planes[k], symmetry_boards(planes[k], k))
+            assert np.array_equal(moved_legal[k], symmetry_points(legal[k], size, k))
+        actions = np.array([rng.choice(np.flatnonzero(m)) if m.any() else games.pass_action for m in legal])
+        games.step(actions)
+        moved.step([images[k][a] for k, a in enumerate(actions)])
+        moves += 1
+    assert moved.terminal.all() and moves > 20
+    assert np.array_equal(games.scores(), moved.scores()) and np.array_equal(games.returns(), moved.returns())
 
 
 # --- the search -------------------------------------------------------------------------------------------------------

@@ -13,11 +13,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from hpc_rl import metric_names as M
-from hpc_rl.algo.alphazero import AlphaZeroLearner, ReplayBuffer, sample_even_wins, win_group_shares
+from hpc_rl.algo.alphazero import AlphaZeroLearner, ReplayBuffer, in_symmetries, sample_even_wins, win_group_shares
 from hpc_rl.algo.config import AlphaZeroConfig
 from hpc_rl.config import TrainConfig, build_config, register
 from hpc_rl.data.batch import GameSchema, SegmentError
-from hpc_rl.envs.go import NUM_PLANES, GoGames
+from hpc_rl.envs.go import NUM_PLANES, NUM_SYMMETRIES, GoGames, symmetry_boards, symmetry_points
 from hpc_rl.launch import mpirun_command, rank_env, set_torch_threads
 from hpc_rl.roles import controller
 from hpc_rl.model.config import GoNetConfig
@@ -129,6 +129,34 @@ def fixed_batch(n: int = 32, seed: int = 0):
     z = rng.choice([-1.0, 1.0], n).astype(np.float32)
     ownership = rng.integers(-1, 2, (n, 25)).astype(np.int8)
     return planes, pi, z, ownership, np.ones(n, bool)
+
+
+def test_symmetries_move_planes_policy_and_ownership_of_each_position_together():
+    """``in_symmetries`` against a row-by-row reference, and the buffer's draws with ``symmetries``: every drawn
+    position is a stored one in one of the 8 symmetries (all 8 drawn), its outcome and version unchanged."""
+    planes, pi, z, ownership, scored = fixed_batch(16, seed=3)
+    batch = {"planes": planes, "pi": pi, "z": z, "ownership": ownership, "version": np.arange(16)}
+    ks = np.arange(16) % NUM_SYMMETRIES
+    moved = in_symmetries(batch, ks)
+    for i, k in enumerate(ks):
+        assert np.array_equal(moved["planes"][i], symmetry_boards(planes[i], k))
+        assert np.array_equal(moved["pi"][i], symmetry_points(pi[i], 5, k))
+        assert np.array_equal(moved["ownership"][i], symmetry_points(ownership[i], 5, k))
+    assert moved["z"] is z and np.array_equal(batch["planes"], planes)  # the input is not changed in place
+
+    buffer = ReplayBuffer(16, 5, NUM_PLANES)
+    buffer.add(planes, pi, z, np.arange(16), 0, ownership=ownership, scored=True)
+    drawn = buffer.sample(400, np.random.default_rng(0), symmetries=True)
+    seen = set()
+    for i, v in enumerate(drawn["version"]):
+        ks = [k for k in range(NUM_SYMMETRIES) if np.array_equal(drawn["planes"][i], symmetry_boards(planes[v], k))
+              and np.array_equal(drawn["pi"][i], symmetry_points(pi[v], 5, k))]
+        assert len(ks) == 1 and drawn["z"][i] == z[v]
+        assert np.array_equal(drawn["ownership"][i], symmetry_points(ownership[v], 5, ks[0]))
+        seen.add(ks[0])
+    assert seen == set(range(NUM_SYMMETRIES))
+    plain = buffer.sample(400, np.random.default_rng(0))
+    assert np.array_equal(plain["planes"], planes[plain["version"]])
 
 
 def test_alphazero_update_lowers_the_loss_on_a_fixed_batch_and_its_checkpoint_restores_it():

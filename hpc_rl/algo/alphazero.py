@@ -1,7 +1,8 @@
 """AlphaZero's learner for Go (AlphaGo Zero, ELF OpenGo): a FIFO replay buffer of self-play positions and the update
 ``(z - v)^2 - pi . log p + c ||theta||^2`` on minibatches drawn from it, as a learner rank runs them: uniformly
 (AlphaGo Zero), or black's wins and white's evenly (ELF OpenGo, ``sample_even_wins``). KataGo's ownership target
-adds ``w_o`` times the ownership head's loss over the positions of games played out.
+adds ``w_o`` times the ownership head's loss over the positions of games played out. Each drawn position may be seen
+in one of the board's 8 symmetries at random (AlphaGo Zero's augmentation, ``in_symmetries``).
 
 With several learners in lockstep, ``allreduce_sum`` sums a tensor over them: gradients are averaged before the
 optimiser's step and batch norm's running statistics after it, so every learner holds the same network.
@@ -17,6 +18,7 @@ import torch
 from hpc_rl import metric_names as M
 from hpc_rl.algo.config import AlphaZeroConfig
 from hpc_rl.algo.reduce import Reduce, identity_reduce
+from hpc_rl.envs.go import NUM_SYMMETRIES, symmetry_boards, symmetry_points
 from hpc_rl.model.go_net import GoNet, alphazero_loss, ownership_loss
 from hpc_rl.model.tree import to_numpy_tree, to_torch_tree
 
@@ -42,10 +44,26 @@ def sample_even_wins(winners: np.ndarray, n: int, rng: np.random.Generator) -> n
     return np.concatenate([rng.choice(np.flatnonzero(winners == w), k) for w, k in zip((0, 1, -1), counts) if k])
 
 
+def in_symmetries(batch: dict[str, np.ndarray], ks: np.ndarray) -> dict[str, np.ndarray]:
+    """``batch`` (``ReplayBuffer.sample``'s arrays) with position i seen in the board's symmetry ``ks[i]``
+    (``hpc_rl.envs.go.symmetry_boards``): its planes, its search's visit shares ``pi`` and its ownership target move
+    together, the pass's share stays; its outcome z, winner and version are the same position's."""
+    out = {**batch, "planes": batch["planes"].copy(), "pi": batch["pi"].copy(), "ownership": batch["ownership"].copy()}
+    size = batch["planes"].shape[-1]
+    for k in range(1, NUM_SYMMETRIES):
+        rows = np.flatnonzero(ks == k)
+        if len(rows):
+            out["planes"][rows] = symmetry_boards(batch["planes"][rows], k)
+            out["pi"][rows] = symmetry_points(batch["pi"][rows], size, k)
+            out["ownership"][rows] = symmetry_points(batch["ownership"][rows], size, k)
+    return out
+
+
 class ReplayBuffer:
     """The positions of recent games, first in first out: ``capacity`` positions; a new one replaces the oldest.
     ``sample`` draws uniformly over those held (with replacement, as AlphaGo Zero's "sampled uniformly"), or with
-    ``even_wins`` black's wins and white's evenly (``sample_even_wins``). Each position keeps its ownership target
+    ``even_wins`` black's wins and white's evenly (``sample_even_wins``), with ``symmetries`` each in one of the
+    board's 8 symmetries drawn uniformly (``in_symmetries``). Each position keeps its ownership target
     (``hpc_rl.envs.go_search.ownership_targets``) and whether its game was ``scored`` (played out, not resigned:
     only then is the final board's ownership a target)."""
 
@@ -113,11 +131,13 @@ class ReplayBuffer:
         """The share of the positions held that come from games black won."""
         return float((self.winner[:self.size] == 0).mean()) if self.size else 0.0
 
-    def sample(self, n: int, rng: np.random.Generator, even_wins: bool = False) -> dict[str, np.ndarray]:
+    def sample(self, n: int, rng: np.random.Generator, even_wins: bool = False,
+               symmetries: bool = False) -> dict[str, np.ndarray]:
         if self.size == 0:
             raise ValueError("sampling an empty replay buffer")
         rows = sample_even_wins(self.winner[:self.size], n, rng) if even_wins else rng.integers(0, self.size, n)
-        return self._rows(rows)
+        batch = self._rows(rows)
+        return in_symmetries(batch, rng.integers(0, NUM_SYMMETRIES, n)) if symmetries else batch
 
     def _rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         return {name: getattr(self, name)[rows] for name in self.ARRAYS}

@@ -82,8 +82,9 @@ class AlphaZeroConfig:
     """The Go learners' hyperparameters (``env.name=go``; hpc_rl.algo.alphazero): AlphaGo Zero's loss
     (z - v)^2 - pi . log p + c ||theta||^2 on minibatches drawn uniformly from a FIFO replay buffer of the positions of
     recent self-play games. ELF OpenGo: SGD with momentum 0.9, c = 1e-4, learning rate 0.01 dropped tenfold twice,
-    a buffer of the latest 500,000 games, black's and white's wins sampled evenly; no gating (AlphaZero, ELF). KataGo's
-    ownership target adds w_o times the ownership head's loss (``hpc_rl.model.go_net.ownership_loss``)."""
+    a buffer of the latest 500,000 games, black's and white's wins sampled evenly; no gating (AlphaZero, ELF). AlphaGo
+    Zero's augmentation: each drawn position in one of the board's 8 symmetries. KataGo's ownership target adds w_o
+    times the ownership head's loss (``hpc_rl.model.go_net.ownership_loss``)."""
 
     replay_positions: int = 500_000  # each learner's buffer, in positions (ELF keeps games: ~0.5M games of ~200 moves)
     min_positions: int = 10_000  # no update before every learner holds this many
@@ -99,6 +100,9 @@ class AlphaZeroConfig:
     target_reuse: float | None = 8.0
     # Minibatches draw black's wins and white's evenly (ELF OpenGo), not uniformly over the buffer (AlphaGo Zero).
     even_wins: bool = True
+    # Each drawn position is seen in one of the board's 8 symmetries at random (AlphaGo Zero): 8 positions for one
+    # played, where self-play is what a small machine has least of.
+    symmetries: bool = True
     # The weight of the ownership head's loss (KataGo: 1.5 on the mean over the points); 0: the head is not trained.
     ownership_weight: float = 1.5
 

@@ -553,6 +553,36 @@ def passes_held_back(games: GoGames, rows, legal: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# The board's 8 symmetries, the dihedral group of the square. The rules (and komi, and area scoring) do not change
+# under them, and every one of the ``PLANES`` moves with the board, so a position seen in a symmetry is another
+# position with the same value and the same best moves moved the same way: AlphaGo Zero trained each sampled position
+# in one of the 8 drawn at random ("Training", the learners' ``alphazero.symmetries``).
+
+NUM_SYMMETRIES = 8
+
+
+def symmetry_boards(boards: np.ndarray, k: int) -> np.ndarray:
+    """``boards`` (..., size, size) seen in symmetry ``k`` in [0, 8): ``k % 4`` quarter turns (numpy's ``rot90``,
+    counter-clockwise), then transposed when ``k >= 4``; k = 0 is the identity."""
+    if not 0 <= k < NUM_SYMMETRIES:
+        raise ValueError(f"a symmetry is an integer in [0, {NUM_SYMMETRIES}), got {k}")
+    turned = np.rot90(boards, k % 4, axes=(-2, -1))
+    return np.swapaxes(turned, -2, -1) if k >= 4 else turned
+
+
+def symmetry_points(values: np.ndarray, size: int, k: int) -> np.ndarray:
+    """``values`` (..., size^2) or (..., size^2 + 1) over the points in row-major order (then the pass, which stays
+    last) seen in symmetry ``k``: a point's value moves where ``symmetry_boards`` moves the point."""
+    points = size * size
+    if values.shape[-1] not in (points, points + 1):
+        raise ValueError(f"values over {size}x{size} points hold {points} or {points + 1} entries, "
+                         f"got {values.shape[-1]}")
+    lead = values.shape[:-1]
+    moved = symmetry_boards(values[..., :points].reshape(*lead, size, size), k).reshape(*lead, points)
+    return np.concatenate([moved, values[..., points:]], axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Random-rollout UCT search (OpenSpiel's MCTSBot with RandomRolloutEvaluator).
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -347,7 +347,7 @@ class GoLearnerWorker(LockstepLearner):
         self.link.beat(self._stats())
         if not may_update(control, 1, self.target_reuse):
             return False
-        batch = self.buffer.sample(az.batch_size, self.rng, az.even_wins)
+        batch = self.buffer.sample(az.batch_size, self.rng, az.even_wins, az.symmetries)
         metrics = self.learner.update(batch["planes"], batch["pi"], batch["z"], batch["ownership"], batch["scored"])
         self.consumed += az.batch_size
         version = self.learner.version
